@@ -1,0 +1,33 @@
+"""onlinerec: train recurrent networks online with untruncated gradients (RTRL) in PyTorch Lightning."""
+
+from onlinerec.cells import CELLS, ElementwiseCell, ELSTMCell, FELSTMCell, FullyRecurrentCell, QRNNCell, SRUCell, make_cell
+from onlinerec.data import Segment
+from onlinerec.gradients import RTRL, TBPTT, Carry, GradientMethod, NotElementwiseError, SnAP
+from onlinerec.gradients.strategies import STRATEGIES, OnlineStrategy, RTRLStrategy, SnAPStrategy, TBPTTStrategy
+from onlinerec.module import OnlineRecurrentModule
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CELLS",
+    "RTRL",
+    "STRATEGIES",
+    "TBPTT",
+    "Carry",
+    "ELSTMCell",
+    "ElementwiseCell",
+    "FELSTMCell",
+    "FullyRecurrentCell",
+    "GradientMethod",
+    "NotElementwiseError",
+    "OnlineRecurrentModule",
+    "OnlineStrategy",
+    "QRNNCell",
+    "RTRLStrategy",
+    "SRUCell",
+    "Segment",
+    "SnAP",
+    "SnAPStrategy",
+    "TBPTTStrategy",
+    "make_cell",
+]

@@ -1,0 +1,127 @@
+"""What every through-time gradient method shares: input checks, the input window, the time loop."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from onlinerec.cells.base import ElementwiseCell
+from onlinerec.gradients.carry import Carry
+
+
+class GradientMethod(ABC):
+    """A way to obtain gradients through time for segments of M steps from B streams.
+
+    Contract (design §4.0): ``carry = init_carry(cell, B)``; then per segment
+    ``states, carry = unroll(cell, inputs, reset, carry)`` and ``loss(states).backward()`` leaves the
+    method's gradient in every cell parameter's ``.grad``. Nothing else is called in between.
+    ``reset[t, b]`` zeroes stream b's state (and sensitivities) *before* step t.
+    """
+
+    name: ClassVar[str]
+
+    def check_cell(self, cell: ElementwiseCell) -> None:
+        """Raise a clear error if this method cannot train ``cell``."""
+        if not isinstance(cell, ElementwiseCell):
+            raise TypeError(f"{type(self).__name__} trains onlinerec cells (ElementwiseCell subclasses), got {type(cell).__name__}.")
+
+    def init_carry(
+        self, cell: ElementwiseCell, batch_size: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> Carry:
+        """Zero state for ``batch_size`` streams, on the cell's device and dtype unless given."""
+        self.check_cell(cell)
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+        ref = cell.input_proj.weight
+        device = ref.device if device is None else device
+        dtype = ref.dtype if dtype is None else dtype
+        window = None
+        if cell.window > 1:
+            window = torch.zeros(batch_size, (cell.window - 1) * cell.input_size, device=device, dtype=dtype)
+        c = torch.zeros(batch_size, cell.hidden_size, device=device, dtype=dtype)
+        return Carry(c=c, window=window, sensitivities=self._zero_sensitivities(cell, batch_size, device, dtype))
+
+    def _zero_sensitivities(self, cell: ElementwiseCell, batch_size: int, device, dtype) -> dict[str, Tensor]:
+        return {}
+
+    def sensitivity_names(self, cell: ElementwiseCell) -> tuple[str, ...]:
+        """Names of the cell parameters whose sensitivities this method carries (none for TBPTT)."""
+        return ()
+
+    def unroll(self, cell: ElementwiseCell, inputs: Tensor, reset: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
+        """Run M steps. inputs (M, B, D) float, reset (M, B) bool -> states (M, B, N) and the new carry."""
+        self.check_cell(cell)
+        validate_segment(cell, inputs, reset, carry)
+        return self._unroll(cell, inputs, reset, carry)
+
+    @abstractmethod
+    def _unroll(self, cell: ElementwiseCell, inputs: Tensor, reset: Tensor, carry: Carry) -> tuple[Tensor, Carry]: ...
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def validate_segment(cell: ElementwiseCell, inputs: Tensor, reset: Tensor, carry: Carry) -> None:
+    """Shapes, dtypes and devices of one segment, with errors that say how to fix them."""
+    if not isinstance(inputs, Tensor) or inputs.dim() != 3:
+        shape = tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__
+        raise ValueError(f"inputs must be a time-major tensor (M, B, D); got {shape}. Stack steps along dim 0.")
+    m, b, d = inputs.shape
+    if m < 1:
+        raise ValueError("inputs has M = 0 steps; a segment needs M >= 1.")
+    if d != cell.input_size:
+        raise ValueError(f"inputs have D = {d} features but {type(cell).__name__} was built with input_size = {cell.input_size}.")
+    ref = cell.input_proj.weight
+    if inputs.dtype != ref.dtype:
+        raise TypeError(f"inputs are {inputs.dtype} but the cell's parameters are {ref.dtype}; cast one to match (e.g. inputs.to({ref.dtype})).")
+    if inputs.device != ref.device:
+        raise ValueError(f"inputs are on {inputs.device} but the cell is on {ref.device}; move them to the same device.")
+    if not isinstance(reset, Tensor) or reset.dtype != torch.bool:
+        what = reset.dtype if isinstance(reset, Tensor) else type(reset).__name__
+        raise TypeError(f"reset must be a bool tensor (M, B), got {what}; use reset.bool() or build it with dtype=torch.bool.")
+    if tuple(reset.shape) != (m, b):
+        raise ValueError(f"reset has shape {tuple(reset.shape)} but inputs need (M, B) = {(m, b)}.")
+    if carry.batch_size != b:
+        raise ValueError(f"the carry holds {carry.batch_size} streams but inputs have B = {b}; make a new one with init_carry(cell, {b}).")
+
+
+def window_features(cell: ElementwiseCell, inputs: Tensor, keep: Tensor, window: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """Concatenate each step's last ``cell.window`` inputs (newest first), zeroing those before a reset.
+
+    Returns features u (M, B, window*D) and the new carried window (already masked for the next segment).
+    """
+    w = cell.window
+    if w == 1:
+        return inputs, None
+    m, b, d = inputs.shape
+    assert window is not None
+    history = torch.cat([window.reshape(b, w - 1, d).flip(1).transpose(0, 1), inputs])  # oldest first
+    keep_ext = torch.cat([keep.new_ones(w - 1, b), keep])  # the carried window is masked already
+    n = history.shape[0]
+    parts, mask = [inputs], keep_ext[w - 1 :]
+    for k in range(1, w):
+        parts.append(history[w - 1 - k : n - k] * mask.unsqueeze(-1))
+        mask = mask * keep_ext[w - 1 - k : n - k]
+    feats = torch.cat(parts, dim=-1)
+    last, mask = [history[n - 1]], keep_ext.new_ones(b)
+    for k in range(1, w - 1):
+        mask = mask * keep_ext[n - k]
+        last.append(history[n - 1 - k] * mask.unsqueeze(-1))
+    return feats, torch.cat(last, dim=-1).detach()
+
+
+def scan(cell: ElementwiseCell, gates: Tensor, c0: Tensor, keep: Tensor) -> Tensor:
+    """The time loop: c_t = recurrence(gates_t, keep_t * c_{t-1}). gates (M, B, G, N) -> states (M, B, N)."""
+    c, states = c0, []
+    for t in range(gates.shape[0]):
+        c = cell.recurrence(gates[t], c * keep[t].unsqueeze(-1))
+        states.append(c)
+    return torch.stack(states)
+
+
+def project(cell: ElementwiseCell, feats: Tensor) -> Tensor:
+    """All steps' gate pre-activations in one matmul: (M, B, window*D) -> (M, B, G, N)."""
+    return cell.input_proj(feats).unflatten(-1, (cell.num_gates, cell.hidden_size))
