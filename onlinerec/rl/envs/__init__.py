@@ -1,0 +1,146 @@
+"""Environment adapters for onlinerec's RL agents: every env family as a ``gymnasium.vector.VectorEnv``.
+
+Contract (what the learner may rely on, whatever the backend)
+------------------------------------------------------------
+``make_vector_env(env_id, num_envs, seed=0, **kwargs) -> gymnasium.vector.VectorEnv``
+
+- **Actions**: ``single_action_space`` is ``Discrete(n)`` (start 0); ``step`` takes an int array of shape
+  ``(num_envs,)``. ``num_actions(env_id, **kwargs)`` returns ``n`` (validate the model against it).
+- **Observations**: ``uint8`` arrays. Pixel envs are channels-first images:
+  Atari ``(4, 84, 84)`` (4 stacked gray frames), ProcGen ``(3, 64, 64)`` RGB, DMLab ``(3, 72, 96)`` RGB.
+  Non-pixel memory tasks give small vectors or grids (see each family below).
+- **Autoreset = SAME_STEP** (torchbeast semantics, spec §2.4), ``metadata["autoreset_mode"] ==
+  AutoresetMode.SAME_STEP``: when an episode ends at a step, that step returns the *first* observation of the
+  next episode, ``terminated | truncated`` is True for that stream, and the reward is the old episode's last
+  reward. So the learner flags "reset before the next step" exactly where ``terminated | truncated``.
+  With episodic life (Atari's lives, the built-in task's trials) ``terminated`` is also set where a life ends.
+- **Episode statistics** in every step's ``info``: ``info["episode_end"]`` (bool ``(num_envs,)``, True where a
+  *real* episode ended — game over for Atari with episodic life, not a lost life), ``info["episode_return"]``
+  (float32, the full episode's undiscounted, unclipped return) and ``info["episode_length"]`` (int64, agent steps),
+  both valid where ``episode_end`` and 0 elsewhere.
+- **Seeds**: stream ``i`` is seeded with ``seed + i``. The first ``reset()`` without a seed uses the ``seed``
+  given to ``make_vector_env``; ``reset(seed=s)`` reseeds streams with ``s + i``.
+- ``metadata`` also carries ``env_id`` and, where it applies, ``frames_per_step`` (action repeat).
+
+Env ids (``FAMILIES`` maps each family to its maker; unknown ids raise ``ValueError`` listing them)
+------------------------------------------------------------------------------------------------
+- ``"ALE/<Game>-v5"`` — Atari via ale-py's native vector env (``atari.py``). kwargs: ``full_action_space``,
+  ``episodic_life`` (True), ``noop_max`` (30), ``frameskip`` (4), ``max_episode_frames`` (108 000), ``num_threads``.
+  obs ``uint8 (4, 84, 84)``; minimal action set (Pong 6, Breakout 4, Qbert 6, Gravitar/Seaquest 18, MsPacman 9).
+- ``"procgen:<game>"`` — ProcGen via the ``procgen`` module (``procgen-mirror`` wheel; ``procgen.py``).
+  kwargs ``distribution_mode`` (easy/hard/memory/exploration/extreme; checked against the game before creating),
+  ``num_levels``, ``start_level``. obs ``uint8 (3, 64, 64)``, 15 actions.
+- ``"dmlab:<level>"`` — DeepMind Lab ``contributed/dmlab30/<level>`` via ``deepmind_lab`` (``dmlab.py``; not on
+  PyPI). obs ``uint8 (3, 72, 96)``, 9 actions, action repeat 4.
+- ``"popgym:<Env>"`` — POPGym (e.g. ``popgym:RepeatPreviousEasy``); obs flattened to a ``float32`` vector
+  (documented per env by its space). ``"MiniGrid-MemoryS7-v0"`` (or ``"minigrid:<id>"``) — MiniGrid memory rooms;
+  obs the ``uint8 (3, 7, 7)`` partial view (channels first). ``"gymnasium:<id>"`` — any registered gymnasium env
+  with a Discrete action space (obs passed through). All three via ``gymnasium_envs.py``
+  (``SyncVectorEnv``/``AsyncVectorEnv`` with SAME_STEP autoreset; ``vectorization="async"`` for subprocesses).
+- ``"memory:tmaze"`` — built-in passive T-maze (numpy only, vectorised; ``memory.py``). kwargs ``length`` (10),
+  ``num_cues`` (2), ``trials`` (1), ``episodic_life`` (True), ``wrong_reward`` (0). obs ``uint8 (num_cues+2,)``,
+  ``num_cues`` actions.
+
+Optional backends are imported lazily; a missing one raises ``MissingBackendError`` (an ``ImportError``) that
+says how to install it (``pip install 'onlinerec[atari]'``, ``[procgen]``, ``[memory]``; DMLab from source).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable
+
+from onlinerec.rl.envs.base import EpisodeTracker, MissingBackendError, SameStepEnv, stream_seeds
+
+__all__ = [
+    "FAMILIES",
+    "EnvFamily",
+    "EpisodeTracker",
+    "MissingBackendError",
+    "SameStepEnv",
+    "make_vector_env",
+    "num_actions",
+    "parse_env_id",
+    "stream_seeds",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvFamily:
+    """One env family: how its ids look, and where its maker lives (imported lazily)."""
+
+    name: str
+    id_format: str
+    module: str
+    maker: str
+    install: str
+
+    def make(self, env_id: str, num_envs: int, seed: int = 0, **kwargs: Any):
+        fn: Callable = getattr(importlib.import_module(self.module), self.maker)
+        return fn(env_id, num_envs, seed, **kwargs)
+
+
+FAMILIES: dict[str, EnvFamily] = {
+    "atari": EnvFamily("atari", "ALE/<Game>-v5", "onlinerec.rl.envs.atari", "make_atari", "pip install 'onlinerec[atari]'"),
+    "procgen": EnvFamily(
+        "procgen", "procgen:<game>", "onlinerec.rl.envs.procgen", "make_procgen", "pip install 'onlinerec[procgen]'"
+    ),
+    "dmlab": EnvFamily(
+        "dmlab", "dmlab:<level>", "onlinerec.rl.envs.dmlab", "make_dmlab", "build deepmind_lab from source (Bazel)"
+    ),
+    "popgym": EnvFamily(
+        "popgym", "popgym:<Env>", "onlinerec.rl.envs.gymnasium_envs", "make_popgym", "pip install 'onlinerec[memory]'"
+    ),
+    "minigrid": EnvFamily(
+        "minigrid",
+        "MiniGrid-<...>-v0 or minigrid:<id>",
+        "onlinerec.rl.envs.gymnasium_envs",
+        "make_minigrid",
+        "pip install 'onlinerec[memory]'",
+    ),
+    "gymnasium": EnvFamily(
+        "gymnasium", "gymnasium:<id>", "onlinerec.rl.envs.gymnasium_envs", "make_gymnasium", "pip install gymnasium"
+    ),
+    "memory": EnvFamily("memory", "memory:tmaze", "onlinerec.rl.envs.memory", "make_memory", "built in (numpy)"),
+}
+
+
+def parse_env_id(env_id: str) -> tuple[EnvFamily, str]:
+    """Split an env id into its family and the name the family's maker receives."""
+    if not isinstance(env_id, str) or not env_id:
+        raise ValueError(f"env_id must be a non-empty string, got {env_id!r}")
+    if env_id.startswith("ALE/"):
+        return FAMILIES["atari"], env_id
+    if env_id.startswith("MiniGrid-"):
+        return FAMILIES["minigrid"], env_id
+    prefix, sep, rest = env_id.partition(":")
+    if sep and prefix.lower() in FAMILIES and prefix.lower() != "atari" and rest:
+        return FAMILIES[prefix.lower()], rest
+    known = "; ".join(f"{f.name}: {f.id_format}" for f in FAMILIES.values())
+    raise ValueError(f"unknown env id {env_id!r}. Known families — {known}")
+
+
+def make_vector_env(env_id: str, num_envs: int, seed: int = 0, **kwargs: Any):
+    """Make ``num_envs`` streams of ``env_id`` as a SAME_STEP gymnasium vector env (see the module docstring)."""
+    if int(num_envs) < 1:
+        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    family, name = parse_env_id(env_id)
+    return family.make(name, int(num_envs), int(seed), **kwargs)
+
+
+_STATIC_ACTIONS = {"procgen": 15, "dmlab": 9}
+
+
+def num_actions(env_id: str, **kwargs: Any) -> int:
+    """Number of discrete actions of ``env_id`` with these kwargs (builds one env when it must)."""
+    family, name = parse_env_id(env_id)
+    if family.name in _STATIC_ACTIONS:
+        return _STATIC_ACTIONS[family.name]
+    if family.name == "memory":
+        return int(kwargs.get("num_cues", 2))
+    env = family.make(name, 1, 0, **kwargs)
+    try:
+        return int(env.single_action_space.n)
+    finally:
+        env.close()

@@ -1,0 +1,132 @@
+"""Shared pieces of the env adapters: episode statistics, the SAME_STEP wrapper, seeding, errors."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import gymnasium
+from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
+
+__all__ = [
+    "EpisodeTracker",
+    "SameStepEnv",
+    "MissingBackendError",
+    "same_step_metadata",
+    "stream_seeds",
+]
+
+
+class MissingBackendError(ImportError):
+    """An optional env backend (ale-py, procgen, deepmind_lab, popgym, minigrid, ...) is not installed."""
+
+
+def stream_seeds(seed: int, num_envs: int) -> np.ndarray:
+    """Per-stream seeds: env ``i`` gets ``seed + i``."""
+    return np.arange(int(seed), int(seed) + int(num_envs), dtype=np.int64)
+
+
+def same_step_metadata(base: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
+    """A fresh metadata dict (never the class-level one) with ``autoreset_mode = SAME_STEP``."""
+    meta = dict(base or {})
+    meta.update(extra)
+    meta["autoreset_mode"] = AutoresetMode.SAME_STEP
+    return meta
+
+
+class EpisodeTracker:
+    """Accumulates per-stream returns and lengths (in agent steps) of *real* episodes.
+
+    ``step(rewards, episode_end)`` adds this step's reward and one step, and returns
+    ``(episode_return, episode_length)`` arrays that hold the finished episode's totals where
+    ``episode_end`` is True (the last reward included) and 0 elsewhere; those streams restart at 0.
+    """
+
+    def __init__(self, num_envs: int):
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+
+    def reset(self, mask: np.ndarray | None = None) -> None:
+        if mask is None:
+            self.returns[:] = 0.0
+            self.lengths[:] = 0
+        else:
+            self.returns[mask] = 0.0
+            self.lengths[mask] = 0
+
+    def step(self, rewards: np.ndarray, episode_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.returns += np.asarray(rewards, dtype=np.float64)
+        self.lengths += 1
+        end = np.asarray(episode_end, dtype=bool)
+        ret = np.where(end, self.returns, 0.0).astype(np.float32)
+        length = np.where(end, self.lengths, 0).astype(np.int64)
+        self.reset(end)
+        return ret, length
+
+
+class SameStepEnv(VectorWrapper):
+    """Wraps a vector env that already autoresets in SAME_STEP mode and adds the onlinerec contract.
+
+    - ``info["episode_end"]``, ``info["episode_return"]``, ``info["episode_length"]`` on every step;
+      ``episode_end = end_fn(terminated, truncated, info)`` (default ``terminated | truncated``).
+    - ``reset()`` without a seed uses the seed given at construction the first time (so
+      ``make_vector_env(..., seed=s)`` alone fixes the streams' seeds), and ``None`` afterwards.
+    - ``metadata["autoreset_mode"] = SAME_STEP`` (a per-instance dict).
+    - actions are cast to ``int64`` numpy arrays.
+    """
+
+    def __init__(
+        self,
+        env: VectorEnv,
+        *,
+        seed: int | None = None,
+        end_fn: Callable[[np.ndarray, np.ndarray, dict], np.ndarray] | None = None,
+        env_id: str | None = None,
+        **metadata: Any,
+    ):
+        super().__init__(env)
+        mode = env.metadata.get("autoreset_mode")
+        if mode is not None and AutoresetMode(mode) != AutoresetMode.SAME_STEP:
+            raise ValueError(f"SameStepEnv needs a SAME_STEP backend, got {mode}")
+        self.metadata = same_step_metadata(env.metadata, env_id=env_id, **metadata)
+        self._seed = seed
+        self._seeded = False
+        self._end_fn = end_fn
+        self.tracker = EpisodeTracker(env.num_envs)
+
+    def reset(self, *, seed=None, options=None):
+        if seed is None and not self._seeded and self._seed is not None:
+            seed = int(self._seed)
+        self._seeded = True
+        obs, info = self.env.reset(seed=seed, options=options)
+        mask = None if options is None else options.get("reset_mask")
+        self.tracker.reset(mask)
+        self._on_reset(obs, info, mask)
+        return obs, info
+
+    def _on_reset(self, obs, info, mask) -> None:  # hook for subclasses
+        pass
+
+    def episode_end(self, terminated: np.ndarray, truncated: np.ndarray, info: dict) -> np.ndarray:
+        if self._end_fn is not None:
+            return np.asarray(self._end_fn(terminated, truncated, info), dtype=bool)
+        return np.logical_or(terminated, truncated)
+
+    def step(self, actions):
+        actions = np.asarray(actions, dtype=np.int64).reshape(self.num_envs)
+        obs, rewards, terminated, truncated, info = self.env.step(actions)
+        info = dict(info)
+        end = self.episode_end(np.asarray(terminated, bool), np.asarray(truncated, bool), info)
+        ret, length = self.tracker.step(rewards, end)
+        info["episode_end"] = end
+        info["episode_return"] = ret
+        info["episode_length"] = length
+        return obs, rewards, terminated, truncated, info
+
+
+def discrete_actions(space: gymnasium.Space, env_id: str) -> int:
+    if not isinstance(space, gymnasium.spaces.Discrete):
+        raise ValueError(f"{env_id}: onlinerec's RL adapters need a Discrete action space, got {space}")
+    if int(space.start) != 0:
+        raise ValueError(f"{env_id}: Discrete action space must start at 0, got start={space.start}")
+    return int(space.n)
