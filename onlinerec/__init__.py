@@ -1,7 +1,7 @@
 """onlinerec: train recurrent networks online with untruncated gradients (RTRL) in PyTorch Lightning."""
 
 from onlinerec.cells import CELLS, ElementwiseCell, ELSTMCell, FELSTMCell, FullyRecurrentCell, QRNNCell, SRUCell, make_cell
-from onlinerec.data import Segment
+from onlinerec.data import Segment, SegmentStream
 from onlinerec.gradients import RTRL, TBPTT, Carry, GradientMethod, NotElementwiseError, SnAP
 from onlinerec.gradients.strategies import STRATEGIES, OnlineStrategy, RTRLStrategy, SnAPStrategy, TBPTTStrategy
 from onlinerec.module import OnlineRecurrentModule
@@ -26,6 +26,7 @@ __all__ = [
     "RTRLStrategy",
     "SRUCell",
     "Segment",
+    "SegmentStream",
     "SnAP",
     "SnAPStrategy",
     "TBPTTStrategy",

@@ -102,6 +102,9 @@ def check_elementwise(cell: nn.Module, method: str, exclude: tuple[str, ...], nu
     probe = copy.deepcopy(cell).double()
     bound = _Bound(probe, method)
     gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # structure, not current values: a zero-initialised mixing matrix must not hide
+        for p in probe.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
     gates = torch.randn(3, num_gates, n, generator=gen, dtype=torch.float64)
     c_prev = torch.randn(3, n, generator=gen, dtype=torch.float64)
     candidates = {k: p for k, p in probe.named_parameters() if not k.startswith(exclude)}

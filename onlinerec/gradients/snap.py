@@ -17,8 +17,10 @@ class SnAP(RTRL):
       (B, G, N, N), and sensitivities decay with the Jacobian's diagonal
       ``J_ii = d pointwise/d c_prev_i + sum_g dc_i/dgate_{g,i} * R_g[i, i]`` (spec §4.2).
 
-    Within a segment the gradient is exact backprop; only what crosses a segment boundary is approximated.
-    With M = 1 (one update per step) this is SnAP-1 exactly as Menick et al. define it.
+    The gradient of a segment is exact backprop within the segment plus lambda_0 . S~_0, where S~ are the
+    SnAP-1 sensitivities carried across segment boundaries (the same surrogate as RTRL, design §4.1). So the
+    approximation only touches what crosses a boundary; Menick et al.'s per-step SnAP-1 additionally masks the
+    product J_t S~_{t-1} before reading the gradient, which this never does. On one-step sequences both equal BPTT.
     """
 
     name = "snap"

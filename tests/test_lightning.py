@@ -1,0 +1,180 @@
+"""Strategies and OnlineRecurrentModule: tiny fits, aliases, errors, carried state in checkpoints."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from onlinerec import (
+    STRATEGIES,
+    ELSTMCell,
+    FELSTMCell,
+    NotElementwiseError,
+    OnlineRecurrentModule,
+    QRNNCell,
+    RTRLStrategy,
+    Segment,
+    SegmentStream,
+    SnAPStrategy,
+    TBPTTStrategy,
+)
+from onlinerec.gradients import RTRL, SnAP, TBPTT
+
+
+class RandomStreams(IterableDataset):
+    """B = 3 streams of a boring regression task, cut into M-step segments; a reset every 7 steps."""
+
+    def __init__(self, m: int, segments: int = 8, seed: int = 0) -> None:
+        self.m, self.segments, self.seed = m, segments, seed
+
+    def __iter__(self):
+        gen = torch.Generator().manual_seed(self.seed)
+        for i in range(self.segments):
+            x = torch.randn(self.m, 3, 2, generator=gen)
+            steps = torch.arange(i * self.m, (i + 1) * self.m)
+            reset = (steps % 7 == 0).unsqueeze(1).expand(self.m, 3).clone()
+            yield Segment(x, reset, x.cumsum(0)[..., :1])
+
+
+class Regressor(OnlineRecurrentModule):
+    def __init__(self, cell=None) -> None:
+        super().__init__(cell or ELSTMCell(2, 6), lr=1e-2)
+        self.head = torch.nn.Linear(self.cell.output_size, 1)
+
+    def segment_loss(self, outputs, segment):
+        return {"loss": torch.nn.functional.mse_loss(self.head(outputs), segment.targets)}
+
+
+def trainer(strategy, **kwargs) -> L.Trainer:
+    defaults = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
+    return L.Trainer(strategy=strategy, **{**defaults, **kwargs})
+
+
+@pytest.mark.parametrize("strategy", [RTRLStrategy(M=4), TBPTTStrategy(M=4), SnAPStrategy(M=4), "rtrl", "tbptt", "snap"], ids=str)
+def test_fast_dev_run_changes_parameters(strategy):
+    torch.manual_seed(0)
+    model = Regressor()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    t = trainer(strategy, fast_dev_run=3)
+    t.fit(model, DataLoader(RandomStreams(t.strategy.M), batch_size=None))
+    for name, value in model.state_dict().items():
+        assert not torch.equal(value, before[name]), f"{name} did not change"
+    assert isinstance(t.strategy.method, (RTRL, TBPTT, SnAP))
+
+
+def test_string_aliases_resolve_to_the_strategies():
+    for name, cls in STRATEGIES.items():
+        t = trainer(name)
+        assert type(t.strategy) is cls and t.strategy.M == 50
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "10"])
+def test_segment_length_must_be_a_positive_int(bad):
+    with pytest.raises(ValueError, match="M"):
+        RTRLStrategy(M=bad)
+
+
+def test_strategy_exposes_M_and_method():
+    s = SnAPStrategy(M=7)
+    assert s.M == 7 and isinstance(s.method, SnAP) and s.method.n == 1
+
+
+def test_rtrl_refuses_a_fully_recurrent_cell_in_fit():
+    model = Regressor(FELSTMCell(2, 6))
+    with pytest.raises(NotElementwiseError, match="FELSTMCell"):
+        trainer(RTRLStrategy(M=4), fast_dev_run=1).fit(model, DataLoader(RandomStreams(4), batch_size=None))
+    trainer(SnAPStrategy(M=4), fast_dev_run=1).fit(model, DataLoader(RandomStreams(4), batch_size=None))
+
+
+def test_module_without_gradient_method_explains_what_to_do():
+    model = Regressor()
+    seg = next(iter(RandomStreams(4)))
+    with pytest.raises(RuntimeError, match="RTRLStrategy"):
+        model(seg.inputs, seg.reset)
+    model_with_method = Regressor()
+    model_with_method._method_override = RTRL()
+    assert model_with_method(seg.inputs, seg.reset).shape == (4, 3, 6)
+
+
+def test_changing_the_number_of_streams_is_an_error():
+    model = Regressor()
+    model._method_override = TBPTT()
+    model(torch.zeros(2, 3, 2), torch.zeros(2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="B = 3 to B = 5"):
+        model(torch.zeros(2, 5, 2), torch.zeros(2, 5, dtype=torch.bool))
+
+
+def test_carried_state_round_trips_through_a_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    model = Regressor(QRNNCell(2, 6))  # QRNN also carries its input window
+    t = trainer(RTRLStrategy(M=4), max_steps=5)
+    t.fit(model, DataLoader(RandomStreams(4), batch_size=None))
+    path = tmp_path / "last.ckpt"
+    t.save_checkpoint(path)
+    saved = model._carries["train"]
+    assert saved.sensitivities and saved.window is not None
+
+    raw = torch.load(path, weights_only=True)  # plain tensors: loads without unpickling code
+    assert "onlinerec" in raw
+    restored = Regressor(QRNNCell(2, 6))
+    restored.on_load_checkpoint(raw)
+    carry = restored._carries["train"]
+    torch.testing.assert_close(carry.c, saved.c, rtol=0, atol=0)
+    torch.testing.assert_close(carry.window, saved.window, rtol=0, atol=0)
+    for name, value in saved.sensitivities.items():
+        torch.testing.assert_close(carry.sensitivities[name], value, rtol=0, atol=0)
+
+
+def test_resuming_continues_exactly(tmp_path):
+    """5 steps, checkpoint, 5 more from the checkpoint == 10 uninterrupted steps (same parameters, same carry)."""
+
+    def run(max_steps, ckpt=None, save=None):
+        torch.manual_seed(0)
+        model = Regressor()
+        t = trainer(RTRLStrategy(M=4), max_steps=max_steps)
+        stream = SegmentStream(lambda epoch: iter(RandomStreams(4, segments=10, seed=epoch)))
+        t.fit(model, stream, ckpt_path=ckpt)
+        if save:
+            t.save_checkpoint(save)
+        return model
+
+    straight = run(10)
+    run(5, save=tmp_path / "half.ckpt")
+    resumed = run(10, ckpt=tmp_path / "half.ckpt")
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    torch.testing.assert_close(straight._carries["train"].c, resumed._carries["train"].c, rtol=0, atol=0)
+
+
+def test_validation_streams_have_their_own_state():
+    torch.manual_seed(0)
+    model = Regressor()
+    t = trainer(RTRLStrategy(M=4), max_steps=3, limit_val_batches=2, val_check_interval=3)
+    loader = DataLoader(RandomStreams(4), batch_size=None)
+    t.fit(model, loader, loader)
+    assert set(model._carries) >= {"train", "val"}
+    assert not model._carries["val"].sensitivities and model._carries["train"].sensitivities
+
+
+@pytest.mark.parametrize("stop", [3, 5, 9])
+def test_resume_is_exact_across_epochs_with_checkpoint_callback(tmp_path, stop):
+    """Checkpoints written by ModelCheckpoint mid-epoch and at epoch ends resume to the same result (4 segments/epoch)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def run(max_steps, ckpt=None, dirpath=None):
+        torch.manual_seed(0)
+        model = Regressor()
+        callbacks = [ModelCheckpoint(dirpath=dirpath, every_n_train_steps=1, save_top_k=-1)] if dirpath else []
+        t = trainer(RTRLStrategy(M=4), max_steps=max_steps, enable_checkpointing=bool(dirpath), callbacks=callbacks)
+        stream = SegmentStream(lambda epoch: iter(RandomStreams(4, segments=4, seed=epoch)))
+        t.fit(model, stream, ckpt_path=ckpt)
+        return model
+
+    straight = run(11)
+    run(stop, dirpath=tmp_path)
+    ckpt = next(tmp_path.glob(f"*step={stop}.ckpt"))
+    resumed = run(11, ckpt=ckpt)
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
