@@ -127,7 +127,7 @@ def test_carried_state_round_trips_through_a_checkpoint(tmp_path):
         torch.testing.assert_close(carry.sensitivities[name], value, rtol=0, atol=0)
 
 
-def test_resuming_continues_exactly(tmp_path):
+def test_resume_continues_exactly(tmp_path):
     """5 steps, checkpoint, 5 more from the checkpoint == 10 uninterrupted steps (same parameters, same carry)."""
 
     def run(max_steps, ckpt=None, save=None):
