@@ -2,7 +2,7 @@
 
 from onlinerec.cells import CELLS, ElementwiseCell, ELSTMCell, FELSTMCell, FullyRecurrentCell, QRNNCell, SRUCell, make_cell
 from onlinerec.data import Segment, SegmentStream
-from onlinerec.gradients import RTRL, TBPTT, Carry, GradientMethod, NotElementwiseError, SnAP
+from onlinerec.gradients import RTRL, TBPTT, Carry, GradientMethod, NotElementwiseError, SnAP, check_gradients
 from onlinerec.gradients.strategies import STRATEGIES, OnlineStrategy, RTRLStrategy, SnAPStrategy, TBPTTStrategy
 from onlinerec.module import OnlineRecurrentModule
 
@@ -30,5 +30,6 @@ __all__ = [
     "SnAP",
     "SnAPStrategy",
     "TBPTTStrategy",
+    "check_gradients",
     "make_cell",
 ]

@@ -7,44 +7,10 @@ import os
 import pytest
 import torch
 
+from onlinerec.gradients.check import bptt_gradients, method_gradients, reference_states  # noqa: F401  (re-exported for tests)
+
 os.environ.setdefault("PYTHONHASHSEED", "0")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-
-
-def reference_states(cell, inputs, reset, c0=None, window=None):
-    """Step-by-step unroll with the cell's own single-step forward (no onlinerec time loop involved)."""
-    m, b, d = inputs.shape
-    c = torch.zeros(b, cell.hidden_size, dtype=inputs.dtype) if c0 is None else c0
-    past = [torch.zeros(b, d, dtype=inputs.dtype) for _ in range(cell.window - 1)] if window is None else window
-    states = []
-    for t in range(m):
-        keep = (~reset[t]).to(inputs.dtype).unsqueeze(-1)
-        past = [p * keep for p in past]
-        c = cell(torch.cat([inputs[t], *past], dim=-1), c * keep)
-        states.append(c)
-        past = ([inputs[t]] + past)[: cell.window - 1]
-    return torch.stack(states)
-
-
-def bptt_gradients(cell, inputs, reset, weights):
-    """Gradient of sum(weights * states) by full-sequence autograd BPTT."""
-    cell.zero_grad()
-    x = inputs.detach().requires_grad_(True)
-    (reference_states(cell, x, reset) * weights).sum().backward()
-    grads = {k: p.grad.clone() for k, p in cell.named_parameters() if p.grad is not None}
-    return grads, x.grad.clone()
-
-
-def method_gradients(method, cell, inputs, reset, weights, seg_len):
-    """Gradient of the same loss accumulated over consecutive segments of ``seg_len`` steps."""
-    cell.zero_grad()
-    x = inputs.detach().requires_grad_(True)
-    carry = method.init_carry(cell, inputs.shape[1])
-    for s in range(0, inputs.shape[0], seg_len):
-        states, carry = method.unroll(cell, x[s : s + seg_len], reset[s : s + seg_len], carry)
-        (states * weights[s : s + seg_len]).sum().backward()
-    grads = {k: p.grad.clone() for k, p in cell.named_parameters() if p.grad is not None}
-    return grads, x.grad.clone(), carry
 
 
 def rel_err(a, b):
