@@ -20,7 +20,8 @@ Contract (what the learner may rely on, whatever the backend)
   both valid where ``episode_end`` and 0 elsewhere.
 - **Seeds**: stream ``i`` is seeded with ``seed + i``. The first ``reset()`` without a seed uses the ``seed``
   given to ``make_vector_env``; ``reset(seed=s)`` reseeds streams with ``s + i``.
-- ``metadata`` also carries ``env_id`` and, where it applies, ``frames_per_step`` (action repeat).
+- ``metadata`` also carries ``env_id`` and ``frames_per_step`` (emulator frames per agent step, for frame counts:
+  Atari 4, DMLab 4, the others 1).
 
 Env ids (``FAMILIES`` maps each family to its maker; unknown ids raise ``ValueError`` listing them)
 ------------------------------------------------------------------------------------------------

@@ -88,6 +88,7 @@ class SameStepEnv(VectorWrapper):
         mode = env.metadata.get("autoreset_mode")
         if mode is not None and AutoresetMode(mode) != AutoresetMode.SAME_STEP:
             raise ValueError(f"SameStepEnv needs a SAME_STEP backend, got {mode}")
+        metadata.setdefault("frames_per_step", env.metadata.get("frames_per_step", 1))
         self.metadata = same_step_metadata(env.metadata, env_id=env_id, **metadata)
         self._seed = seed
         self._seeded = False

@@ -66,7 +66,7 @@ class TMazeVectorEnv(VectorEnv):
         self.single_action_space = spaces.Discrete(self.num_cues)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self.metadata = same_step_metadata({}, env_id="memory:tmaze")
+        self.metadata = same_step_metadata({}, env_id="memory:tmaze", frames_per_step=1)
 
         self._rngs = [np.random.default_rng(s) for s in stream_seeds(self._seed, self.num_envs)]
         self._t = np.zeros(self.num_envs, dtype=np.int64)
