@@ -1,0 +1,331 @@
+"""Rollouts: the RL Segment type and a LightningDataModule that acts in the envs with the current weights.
+
+Timing convention (torchbeast's, spec §2.5/§5.1). A segment holds T = M + 1 *entries* per stream. Entry t holds
+what the agent sees at step t — observation ``obs_t``, the reward that arrived with it, the ``reset`` flag
+(``obs_t`` starts an episode) — together with the actor output that *led to* it: the action taken at ``obs_{t-1}``
+and the behaviour logits it was sampled from. Entry 0 repeats entry M of the previous segment of the same stream
+(the *overlap*), so losses use ``actions[1:]``, ``rewards[1:]``, ``reset[1:]`` against the learner's outputs on
+entries ``0 .. M-1``, and entry M only supplies the bootstrap value.
+
+Acting and the learner's carried state (spec §9, learner-carried sensitivities). Acting runs in the training
+process on the module's *current* weights, one agent step at a time, under ``no_grad``: the module's ``act`` step
+advances its own carried state under the stream name ``"act"`` (c only, no sensitivities). Per segment the actor
+processes entries 0 .. M-1 (each to choose the action that produces the next entry); entry M is only observed.
+The learner then unrolls the same entries 0 .. M-1 from its own ``"train"`` carry, with the same weights (the
+update comes after), so its carry at the segment end is the actor's state after entry M-1 — exactly the state
+from which the next segment's entry 0 (= this entry M) is processed, by both. Entry M's bootstrap value is
+computed from that carry without gradient and without storing the result. By induction the two carries stay
+equal (up to float rounding), and the learner's RTRL sensitivities are exact for the weights in use.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, IterableDataset
+
+from onlinerec.data.segment import Segment
+
+__all__ = ["Actor", "RolloutDataModule", "RolloutSegment", "RolloutStream", "default_action_repeat"]
+
+
+@runtime_checkable
+class Actor(Protocol):
+    """What a rollout needs from the agent (R2AC implements it)."""
+
+    def act(self, obs: Tensor, reward: Tensor, reset: Tensor, *, greedy: bool = False, stream: str = "act") -> tuple[Tensor, Tensor]:
+        """One agent step for B streams: obs (B, ...), last reward (B,), reset (B,) bool (obs starts an episode:
+        zero the carried state first) -> (actions (B,) int64, logits (B, A)). Advances the carried state of
+        ``stream``; runs without gradient."""
+        ...
+
+
+@dataclass
+class RolloutSegment(Segment):
+    """M + 1 entries of B env streams (time-major), with the overlap convention of this module's docstring.
+
+    Fields (``T = M + 1``):
+
+    ============================  ===========  ===================================================================
+    field                         shape/dtype  meaning at entry t
+    ============================  ===========  ===================================================================
+    ``inputs``                    (T, B, ...)  observation obs_t (uint8 frames or small vectors, as the env gives)
+    ``reset``                     (T, B) bool  obs_t starts an episode (or a life): carried state zeroed before t;
+                                               also "done" for the discount (gamma_{t-1} = 0). True at the first
+                                               step of every stream.
+    ``targets``                   None         (supervised field, unused)
+    ``rewards``                   (T, B) f32   raw reward that arrived with obs_t (0 at a stream's first step)
+    ``actions``                   (T, B) i64   action taken at obs_{t-1} that led to obs_t (0 at the first step)
+    ``behaviour_logits``          (T, B, A)    actor's logits at obs_{t-1} (zeros at the first step)
+    ``behaviour_logp``            (T, B) f32   log mu(actions_t | obs_{t-1}) under those logits
+    ``episode_end``               (T, B) bool  a real episode (game over, not a lost life) ended with the step that
+                                               led to obs_t
+    ``episode_return``            (T, B) f32   that episode's undiscounted return, where ``episode_end``
+    ``episode_length``            (T, B) i64   its length in agent steps, where ``episode_end``
+    ``frames``                    int          env frames so far on this process after this segment
+                                               (agent steps x action repeat, all streams)
+    ============================  ===========  ===================================================================
+
+    Entry 0 repeats the previous segment's entry M, so episode statistics are read from entries 1..M only.
+    """
+
+    rewards: Tensor | None = None
+    actions: Tensor | None = None
+    behaviour_logits: Tensor | None = None
+    behaviour_logp: Tensor | None = None
+    episode_end: Tensor | None = None
+    episode_return: Tensor | None = None
+    episode_length: Tensor | None = None
+    frames: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        t, b = self.inputs.shape[:2]
+        if t < 2:
+            raise ValueError(f"a RolloutSegment needs M + 1 >= 2 entries (M >= 1), got {t}.")
+        for name in ("rewards", "actions", "behaviour_logits", "behaviour_logp", "episode_end", "episode_return", "episode_length"):
+            value = getattr(self, name)
+            if not isinstance(value, Tensor) or tuple(value.shape[:2]) != (t, b):
+                got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+                raise ValueError(f"RolloutSegment.{name} must be a tensor starting with (T, B) = {(t, b)}; got {got}.")
+
+    def completed_episodes(self) -> tuple[Tensor, Tensor]:
+        """Returns and lengths of the real episodes that ended inside this segment (entries 1..M)."""
+        end = self.episode_end[1:]
+        return self.episode_return[1:][end], self.episode_length[1:][end]
+
+
+def default_action_repeat(env_id: str) -> int:
+    """Frames per agent step by env family: 4 for Atari and DMLab (spec §5.4), else 1."""
+    return 4 if env_id.startswith(("ALE/", "dmlab:")) else 1
+
+
+EnvFactory = Callable[[int, int], Any]
+"""``factory(num_envs, seed) -> gymnasium.vector.VectorEnv`` (SAME_STEP autoreset, discrete actions)."""
+
+
+class RolloutStream:
+    """B env streams and the last entry of each, producing consecutive :class:`RolloutSegment` s.
+
+    Args:
+        env: a vector env (SAME_STEP autoreset: when an episode ends at a step, that step's observation is
+            the next episode's first and ``terminated | truncated`` is True).
+        agent: the :class:`Actor` (called under ``no_grad`` with tensors on ``device``).
+        action_repeat: frames per agent step, for the frame counter.
+        device: where observations go before ``agent.act``; None: the agent's ``device`` attribute, else CPU.
+        frames: initial frame counter (resuming).
+    """
+
+    def __init__(self, env: Any, agent: Actor, action_repeat: int = 1, device: torch.device | str | None = None, frames: int = 0) -> None:
+        self.env = env
+        self.agent = agent
+        self.action_repeat = int(action_repeat)
+        self.device = torch.device(device) if device is not None else getattr(agent, "device", torch.device("cpu"))
+        self.frames = int(frames)
+        self.num_envs = int(env.num_envs)
+        self._last: dict[str, Tensor] | None = None
+        self._returns = np.zeros(self.num_envs)
+        self._lengths = np.zeros(self.num_envs, dtype=np.int64)
+
+    # -- one entry ----------------------------------------------------------------------------
+    def _entry(self, obs, reward, reset, action, logits, logp, end, ret, length) -> dict[str, Tensor]:
+        return {
+            "inputs": torch.as_tensor(np.asarray(obs)),
+            "rewards": torch.as_tensor(np.asarray(reward, dtype=np.float32)),
+            "reset": torch.as_tensor(np.asarray(reset, dtype=bool)),
+            "actions": action,
+            "behaviour_logits": logits,
+            "behaviour_logp": logp,
+            "episode_end": torch.as_tensor(np.asarray(end, dtype=bool)),
+            "episode_return": torch.as_tensor(np.asarray(ret, dtype=np.float32)),
+            "episode_length": torch.as_tensor(np.asarray(length, dtype=np.int64)),
+        }
+
+    def _first_entry(self) -> dict[str, Tensor]:
+        obs, _ = self.env.reset()
+        b = self.num_envs
+        n = int(self.env.single_action_space.n)
+        zeros = np.zeros(b)
+        uniform = torch.zeros(b, n)
+        logp = torch.full((b,), -math.log(n))
+        return self._entry(obs, zeros, np.ones(b, bool), torch.zeros(b, dtype=torch.int64), uniform, logp, zeros.astype(bool), zeros, zeros)
+
+    def _episode_stats(self, reward, done, info) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if "episode_end" in info:
+            return info["episode_end"], info["episode_return"], info["episode_length"]
+        # fallback for envs without onlinerec's info keys: every terminated|truncated ends an episode
+        self._returns += reward
+        self._lengths += 1
+        ret, length = np.where(done, self._returns, 0.0), np.where(done, self._lengths, 0)
+        self._returns[done] = 0.0
+        self._lengths[done] = 0
+        return done, ret, length
+
+    # -- one segment --------------------------------------------------------------------------
+    @torch.no_grad()
+    def next_segment(self, m: int) -> RolloutSegment:
+        """Act for ``m`` agent steps in every stream and return the M + 1 entries (entry 0 = last entry M)."""
+        if m < 1:
+            raise ValueError(f"M must be >= 1, got {m}.")
+        if self._last is None:
+            self._last = self._first_entry()
+        entries = [self._last]
+        for _ in range(m):
+            cur = entries[-1]
+            actions, logits = self.agent.act(
+                cur["inputs"].to(self.device), cur["rewards"].to(self.device), cur["reset"].to(self.device)
+            )
+            actions, logits = actions.detach().cpu().long(), logits.detach().cpu().float()
+            logp = torch.log_softmax(logits, -1).gather(-1, actions[:, None]).squeeze(-1)
+            obs, reward, terminated, truncated, info = self.env.step(actions.numpy())
+            done = np.logical_or(terminated, truncated)
+            end, ret, length = self._episode_stats(np.asarray(reward, dtype=np.float64), done, info)
+            entries.append(self._entry(obs, reward, done, actions, logits, logp, end, ret, length))
+        self._last = entries[-1]
+        self.frames += m * self.num_envs * self.action_repeat
+        fields = {k: torch.stack([e[k] for e in entries]) for k in entries[0]}
+        return RolloutSegment(**fields, frames=self.frames)
+
+    def close(self) -> None:
+        close = getattr(self.env, "close", None)
+        if close is not None:
+            close()
+
+
+class _SegmentDataset(IterableDataset):
+    """Endless segments from one persistent :class:`RolloutStream`; sized so Lightning does not prefetch
+    (a prefetched segment would be collected with weights one update old)."""
+
+    def __init__(self, datamodule: RolloutDataModule, length: int) -> None:
+        self.datamodule = datamodule
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[RolloutSegment]:
+        dm = self.datamodule
+        for _ in range(self.length):
+            yield dm.stream.next_segment(dm.unroll_length)
+
+
+class RolloutDataModule(L.LightningDataModule):
+    """Streams :class:`RolloutSegment` s of M + 1 entries from ``num_envs`` env streams, acting in the training
+    process with the module's current weights (see the module docstring for the timing and carry conventions).
+
+    M is read from the trainer's strategy (``trainer.strategy.M``, one source of truth). The agent is the
+    trainer's LightningModule, which must implement :class:`Actor`. The data loader runs in the main process
+    (``num_workers=0``, ``batch_size=None``); the envs may run their own workers.
+
+    Args:
+        env: an env id for :func:`onlinerec.rl.envs.make_vector_env` ("ALE/Qbert-v5", "procgen:chaser",
+            "dmlab:rooms_watermaze", "memory:tmaze", ...) or a factory ``(num_envs, seed) -> VectorEnv``.
+        num_envs: B, the number of streams on this process.
+        seed: env i gets ``seed + i`` (plus ``rank * num_envs`` on DDP rank ``rank``).
+        action_repeat: frames per agent step for the frame counter; None: the env's ``metadata["frames_per_step"]``,
+            else 4 for Atari/DMLab ids and 1 otherwise.
+        env_kwargs: extra keyword arguments for ``make_vector_env``.
+        segments_per_epoch: segments in one Lightning epoch; None: the trainer's ``max_steps`` if set, else 1000.
+    """
+
+    def __init__(
+        self,
+        env: str | EnvFactory,
+        num_envs: int = 32,
+        seed: int = 0,
+        action_repeat: int | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+        segments_per_epoch: int | None = None,
+    ) -> None:
+        super().__init__()
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}.")
+        self.env = env
+        self.num_envs = int(num_envs)
+        self.seed = int(seed)
+        self.env_kwargs = dict(env_kwargs or {})
+        self.action_repeat = None if action_repeat is None else int(action_repeat)
+        self.segments_per_epoch = segments_per_epoch
+        self.stream: RolloutStream | None = None
+        self._frames = 0
+        self._restarts = 0  # resumes so far: each re-seeds the envs so that resumed runs do not replay episodes
+
+    # -- envs -----------------------------------------------------------------------------------
+    def make_env(self, num_envs: int, seed: int) -> Any:
+        """A vector env for ``num_envs`` streams seeded ``seed + i``."""
+        if callable(self.env):
+            return self.env(num_envs, seed)
+        from onlinerec.rl.envs import make_vector_env
+
+        return make_vector_env(self.env, num_envs, seed=seed, **self.env_kwargs)
+
+    def env_spaces(self) -> tuple[tuple[int, ...], int]:
+        """(observation shape, number of actions) of one stream, from a throwaway single env."""
+        env = self.make_env(1, self.seed)
+        try:
+            return tuple(env.single_observation_space.shape), int(env.single_action_space.n)
+        finally:
+            getattr(env, "close", lambda: None)()
+
+    def resolve_action_repeat(self, env: Any) -> int:
+        """Frames per agent step: the argument, else the env's metadata, else the id's family default."""
+        if self.action_repeat is not None:
+            return self.action_repeat
+        meta = getattr(env, "metadata", None) or {}
+        if meta.get("frames_per_step"):
+            return int(meta["frames_per_step"])
+        return default_action_repeat(self.env) if isinstance(self.env, str) else 1
+
+    @property
+    def unroll_length(self) -> int:
+        """M, from the trainer's strategy."""
+        trainer = self.trainer
+        m = getattr(getattr(trainer, "strategy", None), "M", None)
+        if not isinstance(m, int):
+            raise RuntimeError(
+                "RolloutDataModule reads M from the trainer's strategy: use Trainer(strategy=RTRLStrategy(M=...)) "
+                "(or TBPTTStrategy / SnAPStrategy, also for a feed-forward agent)."
+            )
+        return m
+
+    @property
+    def frames(self) -> int:
+        """Env frames collected on this process so far (agent steps x action repeat)."""
+        return self.stream.frames if self.stream is not None else self._frames
+
+    # -- Lightning hooks ----------------------------------------------------------------------
+    def train_dataloader(self) -> DataLoader:
+        trainer = self.trainer
+        if self.stream is None:
+            agent = trainer.lightning_module
+            if not isinstance(agent, Actor):
+                raise TypeError(f"{type(agent).__name__} has no act(obs, reward, reset) step; RolloutDataModule needs one (see onlinerec.rl.Actor).")
+            rank = trainer.global_rank
+            seed = self.seed + rank * self.num_envs + 1_000_003 * self._restarts
+            env = self.make_env(self.num_envs, seed)
+            self.stream = RolloutStream(env, agent, self.resolve_action_repeat(env), agent.device, frames=self._frames)
+        length = self.segments_per_epoch
+        if length is None:
+            length = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else 1000
+        return DataLoader(_SegmentDataset(self, int(length)), batch_size=None, num_workers=0)
+
+    def teardown(self, stage: str) -> None:
+        if self.stream is not None:
+            self._frames = self.stream.frames
+            self.stream.close()
+            self.stream = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"frames": self.frames, "restarts": self._restarts}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._frames = int(state_dict.get("frames", 0))
+        self._restarts = int(state_dict.get("restarts", 0)) + 1
+        if self.stream is not None:
+            self.stream.frames = self._frames

@@ -1,0 +1,106 @@
+"""R2AC end to end at toy size: every strategy and the feed-forward baseline fit, checkpoints resume, greedy eval."""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from onlinerec import QRNNCell, RTRLStrategy, SnAPStrategy, TBPTTStrategy
+from onlinerec.rl import R2AC, R2ACConfig, RolloutDataModule, make_stem
+from onlinerec.rl.envs import make_vector_env
+
+M, B = 4, 4
+ENV = dict(env="memory:tmaze", num_envs=B, env_kwargs=dict(length=3))
+
+
+def tiny(cell="elstm", **kw):
+    torch.manual_seed(0)
+    return R2AC(2, (4,), cell=cell, hidden_size=8, stem="mlp", fc_size=8, **kw)
+
+
+def trainer(strategy, steps, **kw):
+    kw.setdefault("logger", False)
+    kw.setdefault("enable_checkpointing", False)
+    return L.Trainer(
+        strategy=strategy, max_steps=steps, enable_progress_bar=False, enable_model_summary=False, **kw
+    )
+
+
+@pytest.mark.parametrize(
+    "strategy, cell",
+    [(RTRLStrategy, "elstm"), (TBPTTStrategy, "elstm"), (SnAPStrategy, "elstm"), (SnAPStrategy, "felstm"), (TBPTTStrategy, None)],
+    ids=["rtrl", "tbptt", "snap", "snap-felstm", "feed-forward"],
+)
+def test_fit_each_strategy(strategy, cell):
+    model = tiny(cell)
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    tr = trainer(strategy(M=M), 3)
+    tr.fit(model, RolloutDataModule(**ENV))
+    assert math.isfinite(float(tr.callback_metrics["train/loss"]))
+    changed = {k for k, p in model.named_parameters() if not torch.equal(before[k], p)}
+    assert {"policy.weight", "baseline.weight", "stem.fc.weight"} <= changed
+    if cell is None:
+        assert model.cell is None and not any(k.startswith("cell.") for k in before)
+    else:
+        assert "cell.input_proj.weight" in changed
+    assert model.frames == 3 * M * B
+
+
+def test_custom_cell_instance_and_size_check():
+    model = R2AC(2, (4,), cell=QRNNCell(9, 8), hidden_size=8, stem="mlp", fc_size=8)
+    trainer(RTRLStrategy(M=M), 1).fit(model, RolloutDataModule(**ENV))
+    with pytest.raises(ValueError, match="fc_size"):
+        R2AC(2, (4,), cell=QRNNCell(5, 8), stem="mlp", fc_size=8)
+
+
+def test_linear_lr_decay_to_zero():
+    model = tiny(config=R2ACConfig(lr=1e-3))
+    tr = trainer(RTRLStrategy(M=M), 4)
+    tr.fit(model, RolloutDataModule(**ENV))
+    assert tr.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.0)
+    opt = tr.optimizers[0]
+    assert isinstance(opt, torch.optim.RMSprop) and opt.defaults["eps"] == 0.01 and opt.defaults["alpha"] == 0.99
+
+
+def test_checkpoint_holds_carry_and_frames_and_resumes(tmp_path):
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=3)
+    model = tiny()
+    tr = trainer(RTRLStrategy(M=M), 3, enable_checkpointing=True, callbacks=[ckpt])
+    tr.fit(model, RolloutDataModule(**ENV))
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    carries = saved["onlinerec"]["carries"]
+    assert {"train", "act"} <= set(carries)
+    assert set(carries["train"]["sensitivities"]) >= {"input_proj.weight", "input_proj.bias"}
+    torch.testing.assert_close(carries["train"]["c"], model._carries["train"].c)
+    assert saved["onlinerec_rl"]["frames"] == 3 * M * B
+
+    resumed = tiny()
+    dm = RolloutDataModule(**ENV)
+    tr2 = trainer(RTRLStrategy(M=M), 5)
+    tr2.fit(resumed, dm, ckpt_path=tmp_path / "last.ckpt")
+    assert tr2.global_step == 5
+    assert dm.frames == 5 * M * B and resumed.frames == 5 * M * B
+
+
+def test_greedy_evaluation_counts_episodes():
+    model = tiny()
+    env = make_vector_env("memory:tmaze", 3, seed=5, length=3)
+    result = model.evaluate(env, num_episodes=7)
+    assert len(result["returns"]) == 7 and all(r in (0.0, 1.0) for r in result["returns"])
+    assert all(n == 4 for n in result["lengths"])
+    assert model.training and "eval" not in model._carries
+
+
+@pytest.mark.parametrize("stem", ["impala", "nature"])
+def test_image_stems(stem):
+    net = make_stem(stem, (4, 84, 84))
+    out = net(torch.randint(0, 255, (2, 4, 84, 84), dtype=torch.uint8))
+    assert out.shape == (2, 256) and (out >= 0).all()
+    model = R2AC(6, (4, 84, 84), stem=stem, hidden_size=16)
+    obs = torch.randint(0, 255, (3, 4, 84, 84), dtype=torch.uint8)
+    actions, logits = model.act(obs, torch.tensor([0.0, 5.0, -3.0]), torch.ones(3, dtype=torch.bool))
+    assert actions.shape == (3,) and logits.shape == (3, 6)
