@@ -4,12 +4,19 @@ For an element-wise recurrence c = r(gates, c_prev; p), unit n of c reads only u
 - one reverse-mode pass with a cotangent of ones yields dc/dc_prev (the diagonal Jacobian) and dc/dgates;
 - one forward-mode pass per row k of a per-unit parameter p viewed as (K, N) yields dc/dp[k] per batch row.
 :func:`check_elementwise` verifies that premise numerically before any of this is trusted.
+
+Fast path: when the recurrence broadcasts a per-unit parameter against its row dimension (every built-in
+cell does), calling it with one copy of the parameter per row, shape (R, *p.shape), makes the same reverse
+pass yield dc/dp per row too, so one forward and one backward give everything. Whether a cell's recurrence
+allows this is tested once per cell, against the forward-mode result, by :func:`recurrence_parameters`;
+cells that fail the test keep the forward-mode path.
 """
 
 from __future__ import annotations
 
 import copy
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +47,7 @@ class LocalDerivatives:
     d_state: Tensor  # (R, N): dc_n/dc_prev_n
     d_gates: Tensor  # (R, G, N): dc_n/dgates_{g,n}
     d_params: dict[str, Tensor]  # name -> (R, K, N): dc_n/dp_{k,n}
+    value: Tensor | None = None  # (R, N): the new state itself (the fast path returns it for free)
 
 
 def _rows(p: Tensor, n: int) -> int:
@@ -50,7 +58,60 @@ def local_derivatives(
     cell: nn.Module, method: str, params: dict[str, Tensor], gates: Tensor, c_prev: Tensor
 ) -> LocalDerivatives:
     """Derivatives of ``cell.<method>(gates, c_prev)`` at the given point; ``params`` are the per-unit
-    parameters (name -> tensor, any shape ending in N) to differentiate. Inputs are treated as constants."""
+    parameters (name -> tensor, any shape ending in N) to differentiate. Inputs are treated as constants.
+
+    Uses the one-pass reverse-mode path when :func:`recurrence_parameters` has validated it for this cell
+    and method, and forward mode otherwise."""
+    if c_prev.dim() == 2 and _FAST.get(cell, {}).get(method, False):
+        return _reverse_per_row(cell, method, params, gates, c_prev)
+    return _forward_mode(cell, method, params, gates, c_prev)
+
+
+def _owner(cell: nn.Module, name: str) -> tuple[nn.Module, str]:
+    *path, attr = name.split(".")
+    module = cell
+    for part in path:
+        module = getattr(module, part)
+    return module, attr
+
+
+@contextmanager
+def _substituted(cell: nn.Module, values: dict[str, Tensor]):
+    """Temporarily replace registered parameters by plain tensors (cheaper than functional_call)."""
+    saved = []
+    try:
+        for name, value in values.items():
+            module, attr = _owner(cell, name)
+            saved.append((module, attr, module._parameters[attr]))
+            module._parameters[attr] = value
+        yield
+    finally:
+        for module, attr, old in reversed(saved):
+            module._parameters[attr] = old
+
+
+def _reverse_per_row(cell: nn.Module, method: str, params: dict[str, Tensor], gates: Tensor, c_prev: Tensor) -> LocalDerivatives:
+    """One forward and one backward pass: rows (R, G, N) gates, (R, N) c_prev, parameters copied per row."""
+    r, n = c_prev.shape
+    with torch.enable_grad():
+        g = gates.detach().requires_grad_(True)
+        c = c_prev.detach().requires_grad_(True)
+        rows = {k: v.detach().expand(r, *v.shape).requires_grad_(True) for k, v in params.items()}
+        with _substituted(cell, rows):
+            out = getattr(cell, method)(g, c)
+        if out.shape != c_prev.shape:
+            raise ValueError(f"{type(cell).__name__}.{method} returned shape {tuple(out.shape)} for c_prev of shape {tuple(c_prev.shape)}.")
+        inputs = (g, c, *rows.values())
+        grads = torch.autograd.grad(out, inputs, torch.ones_like(out), allow_unused=True) if out.requires_grad else [None] * len(inputs)
+    d_gates, d_state, *d_rows = (torch.zeros_like(x) if gr is None else gr for x, gr in zip(inputs, grads))
+    d_params = {k: d.reshape(r, -1, n) for k, d in zip(rows, d_rows)}
+    return LocalDerivatives(d_state, d_gates, d_params, out.detach())
+
+
+def _forward_mode(
+    cell: nn.Module, method: str, params: dict[str, Tensor], gates: Tensor, c_prev: Tensor
+) -> LocalDerivatives:
+    """The general path: reverse mode for state and gates, one forward-mode pass per parameter row."""
     bound = _Bound(cell, method)
     n = c_prev.shape[-1]
     params = {k: v.detach() for k, v in params.items()}
@@ -77,6 +138,7 @@ def local_derivatives(
 
 
 _CHECKED: weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[str, ...]]] = weakref.WeakKeyDictionary()
+_FAST: weakref.WeakKeyDictionary[nn.Module, dict[str, bool]] = weakref.WeakKeyDictionary()
 
 
 def recurrence_parameters(cell: nn.Module, method: str, exclude: tuple[str, ...], num_gates: int, n: int) -> tuple[str, ...]:
@@ -90,8 +152,41 @@ def recurrence_parameters(cell: nn.Module, method: str, exclude: tuple[str, ...]
     if method in cache:
         return cache[method]
     names = check_elementwise(cell, method, exclude, num_gates, n)
+    _FAST.setdefault(cell, {})[method] = _per_row_matches(cell, method, names, num_gates, n)
     cache[method] = names
     return names
+
+
+def _per_row_matches(cell: nn.Module, method: str, names: tuple[str, ...], num_gates: int, n: int) -> bool:
+    """Whether the one-pass path gives the forward-mode derivatives for this cell (float64 probe).
+
+    The probe uses a row count that equals no other dimension, so a parameter copy whose row dimension
+    broadcasts against anything but the rows shows up as an error or a mismatch."""
+    probe = copy.deepcopy(cell).double()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # structure, not current values (as in check_elementwise)
+        for p in probe.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    params = dict(probe.named_parameters())
+    params = {k: params[k] for k in names}
+    taken = {1, num_gates, n} | {p.numel() // n for p in params.values()}
+    r = next(k for k in range(3, 10**6) if k not in taken)
+    gates = torch.randn(r, num_gates, n, generator=gen, dtype=torch.float64)
+    c_prev = torch.randn(r, n, generator=gen, dtype=torch.float64)
+    try:
+        fast = _reverse_per_row(probe, method, params, gates, c_prev)
+    except Exception:  # noqa: BLE001 - any failure just means "use the general path"
+        return False
+    slow = _forward_mode(probe, method, params, gates, c_prev)
+    close = lambda a, b: a.shape == b.shape and torch.allclose(a, b, rtol=1e-12, atol=1e-12)  # noqa: E731
+    with torch.no_grad():
+        value = getattr(probe, method)(gates, c_prev)
+    return (
+        close(fast.d_state, slow.d_state)
+        and close(fast.d_gates, slow.d_gates)
+        and all(close(fast.d_params[k], slow.d_params[k]) for k in names)
+        and close(fast.value, value)
+    )
 
 
 def check_elementwise(cell: nn.Module, method: str, exclude: tuple[str, ...], num_gates: int, n: int) -> tuple[str, ...]:
@@ -123,7 +218,7 @@ def check_elementwise(cell: nn.Module, method: str, exclude: tuple[str, ...], nu
             )
     params = {k: candidates[k] for k in names}
     gates = gates.detach()
-    local = local_derivatives(probe, method, params, gates, c_prev)
+    local = _forward_mode(probe, method, params, gates, c_prev)
 
     def mismatch(what: str, expected: Tensor, actual: Tensor) -> None:
         if not torch.allclose(actual, expected, rtol=1e-9, atol=1e-9 * (1 + expected.abs().max().item())):
