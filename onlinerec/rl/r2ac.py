@@ -266,11 +266,12 @@ class R2AC(OnlineRecurrentModule):
 
     # -- evaluation ---------------------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self, env: Any, num_episodes: int = 10, *, greedy: bool = True) -> dict[str, Any]:
+    def evaluate(self, env: Any, num_episodes: int = 10, *, greedy: bool = True, max_steps: int | None = None) -> dict[str, Any]:
         """Play ``num_episodes`` real episodes on a vector env (SAME_STEP autoreset), greedy (argmax) by default.
 
         The streams share the episodes: each env contributes ``ceil(num_episodes / num_envs)`` at most, so
-        short episodes do not crowd out long ones. Uses its own carried state (stream "eval").
+        short episodes do not crowd out long ones. Uses its own carried state (stream "eval"). ``max_steps`` caps
+        the agent steps (per env); the episodes finished by then are reported (mean NaN if none).
         Returns ``{"mean", "std", "returns", "lengths"}``.
         """
         if num_episodes < 1:
@@ -287,7 +288,9 @@ class R2AC(OnlineRecurrentModule):
         returns: list[float] = []
         lengths: list[int] = []
         try:
-            while len(returns) < num_episodes:
+            step = 0
+            while len(returns) < num_episodes and (max_steps is None or step < max_steps):
+                step += 1
                 t = lambda a, dt=None: torch.as_tensor(np.asarray(a, dtype=dt), device=self.device)  # noqa: E731
                 actions, _ = self.act(t(obs), t(reward, np.float32), t(reset, bool), greedy=greedy, stream="eval")
                 obs, reward, terminated, truncated, info = env.step(actions.cpu().numpy())
@@ -307,8 +310,9 @@ class R2AC(OnlineRecurrentModule):
         finally:
             self.reset_streams("eval")
             self.train(was_training)
-        arr = np.asarray(returns)
-        return {"mean": float(arr.mean()), "std": float(arr.std()), "returns": returns, "lengths": lengths}
+        arr = np.asarray(returns, dtype=np.float64)
+        mean, std = (float(arr.mean()), float(arr.std())) if len(arr) else (float("nan"), float("nan"))
+        return {"mean": mean, "std": std, "returns": returns, "lengths": lengths}
 
     # -- checkpoints ----------------------------------------------------------------------------------
     @override

@@ -265,11 +265,11 @@ class RolloutDataModule(L.LightningDataModule):
 
         return make_vector_env(self.env, num_envs, seed=seed, **self.env_kwargs)
 
-    def env_spaces(self) -> tuple[tuple[int, ...], int]:
-        """(observation shape, number of actions) of one stream, from a throwaway single env."""
+    def env_spaces(self) -> tuple[tuple[int, ...], int, int]:
+        """(observation shape, number of actions, frames per agent step) of one stream, from a throwaway env."""
         env = self.make_env(1, self.seed)
         try:
-            return tuple(env.single_observation_space.shape), int(env.single_action_space.n)
+            return tuple(env.single_observation_space.shape), int(env.single_action_space.n), self.resolve_action_repeat(env)
         finally:
             getattr(env, "close", lambda: None)()
 
