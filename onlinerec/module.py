@@ -6,16 +6,21 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins.precision import DoublePrecision
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
+from onlinerec.callbacks import FiniteGuard, StreamOrderError, check_stream_order
 from onlinerec.cells.base import ElementwiseCell
+from onlinerec.checkpoint import CARRY_KEY
 from onlinerec.data.segment import Segment
 from onlinerec.gradients import RTRL, TBPTT, Carry, GradientMethod, SnAP
 
 _METHODS = {"rtrl": RTRL, "tbptt": TBPTT, "snap": SnAP}
-_CHECKPOINT_KEY = "onlinerec"
+_CHECKPOINT_KEY = CARRY_KEY
 
 
 class OnlineRecurrentModule(L.LightningModule):
@@ -41,8 +46,16 @@ class OnlineRecurrentModule(L.LightningModule):
             raise TypeError(f"cell must be an onlinerec ElementwiseCell, got {type(cell).__name__}.")
         self.cell = cell
         self.lr = lr
-        self._method_override = _METHODS[method]() if isinstance(method, str) else method
+        if isinstance(method, str):
+            if method.lower() not in _METHODS:
+                raise ValueError(f"unknown gradient method {method!r}; use one of {sorted(_METHODS)} or a GradientMethod.")
+            method = _METHODS[method.lower()]()
+        elif method is not None and not isinstance(method, GradientMethod):
+            raise TypeError(f"method must be a GradientMethod, one of {sorted(_METHODS)}, or None; got {type(method).__name__}.")
+        self._method_override = method
         self._carries: dict[str, Carry] = {}  # a plain dict, not buffers: DDP must not broadcast rank 0's streams
+        self._last_sequence_id: Tensor | None = None  # for the stream-continuity check of SequenceSegments
+        self._checked_loaders: int | None = None  # id of the training loader(s) check_stream_order last passed
 
     # -- the gradient method -------------------------------------------------------------
     @property
@@ -82,6 +95,8 @@ class OnlineRecurrentModule(L.LightningModule):
                     "of a Segment is one stream whose state is carried: keep B fixed (drop_last=True for a loader)."
                 )
             carry = None
+        if stream == "train":
+            self._check_loader()
         if carry is None:
             carry = method.init_carry(self.cell, b)
         elif carry.c.device != inputs.device:
@@ -121,6 +136,14 @@ class OnlineRecurrentModule(L.LightningModule):
 
     # -- Lightning hooks -----------------------------------------------------------------
     def _step(self, segment: Segment, stream: str) -> Tensor:
+        if not isinstance(segment, Segment):
+            raise TypeError(
+                f"{type(self).__name__} trains on onlinerec Segments (M steps x B streams, time-major), but the {stream} "
+                f"loader gave a {type(segment).__name__}. Yield Segment(inputs, reset, targets) batches, e.g. from a "
+                "SegmentStream or SequenceDataModule; a DataLoader needs batch_size=None so that it does not re-batch them."
+            )
+        if stream == "train":
+            self._check_continuity(segment)
         result = self.segment_loss(self(segment.inputs, segment.reset, stream), segment)
         loss = result["loss"] if isinstance(result, dict) else result
         metrics = result if isinstance(result, dict) else {"loss": loss}
@@ -140,6 +163,39 @@ class OnlineRecurrentModule(L.LightningModule):
     def test_step(self, batch: Segment, batch_idx: int) -> Tensor:
         return self._step(batch, "test")
 
+    def _check_loader(self) -> None:
+        """Once per training loader: refuse loaders that shuffle or interleave streams (onlinerec.callbacks.check_stream_order)."""
+        trainer = self._trainer
+        loaders = getattr(trainer, "train_dataloader", None) if trainer is not None else None
+        if loaders is None or id(loaders) == self._checked_loaders:
+            return
+        check_stream_order(trainer)
+        self._checked_loaders = id(loaders)
+
+    def _check_continuity(self, segment: Segment) -> None:
+        """A stream that is not reset at a segment's first step must continue the sequence it held (SequenceSegment)."""
+        ids = getattr(segment, "sequence_id", None)
+        if not isinstance(ids, Tensor):
+            return
+        last, self._last_sequence_id = self._last_sequence_id, ids[-1].detach()
+        if "train" not in self._carries or last is None or last.shape != ids[0].shape:
+            return
+        moved = (~segment.reset[0]) & (ids[0] != last.to(ids.device))
+        if bool(moved.any()):
+            b = int(moved.nonzero()[0, 0])
+            raise StreamOrderError(
+                f"stream slot {b} held sequence {int(last[b])} at the end of the previous segment but continues with "
+                f"sequence {int(ids[0, b])} without a reset: the streams were reordered or shuffled between segments. "
+                "onlinerec carries each slot's state to the next segment, so keep every sequence in its slot "
+                "(no shuffling, no DataLoader workers) or set reset=True where a new sequence starts."
+            )
+
+    @override
+    def configure_callbacks(self) -> list[Callback]:
+        """Adds :class:`~onlinerec.callbacks.FiniteGuard` unless the Trainer already has one (a subclass extends this list)."""
+        have = self._trainer.callbacks if self._trainer is not None else []
+        return [] if any(isinstance(cb, FiniteGuard) for cb in have) else [FiniteGuard()]
+
     @override
     def on_validation_epoch_start(self) -> None:
         self.reset_streams("val")  # every evaluation starts its streams afresh
@@ -154,12 +210,50 @@ class OnlineRecurrentModule(L.LightningModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[_CHECKPOINT_KEY] = {"carries": {k: v.state_dict() for k, v in self._carries.items()}}
+        """Stores the carried state of every rank: under DDP it is gathered to rank 0, which writes the file."""
+        carries = {k: v.to("cpu").state_dict() for k, v in self._carries.items()}
+        world, rank = _world()
+        per_rank = [carries]
+        if world > 1:
+            gathered: list[Any] | None = [None] * world if rank == 0 else None
+            dist.gather_object(carries, gathered, dst=0)  # every rank calls this: Lightning saves collectively
+            per_rank = gathered if gathered is not None else []
+        # "carries" is rank 0's (the whole state in a single-process run); torch.save stores shared tensors once.
+        checkpoint[_CHECKPOINT_KEY] = {"world_size": world, "carries": per_rank[0] if per_rank else {}, "rank_carries": per_rank}
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        saved = checkpoint.get(_CHECKPOINT_KEY, {}).get("carries", {})
-        self._carries = {k: Carry.from_state_dict(v) for k, v in saved.items()}
+        """Restores this rank's carried state; refuses (when fitting) a checkpoint saved by a different number of ranks."""
+        if self._trainer is not None and isinstance(self._trainer.precision_plugin, DoublePrecision):
+            # Lightning loads the weights before its precision plugin converts the module: with precision="64-true"
+            # they would pass through float32 parameters and lose their low bits, so the resume would not be exact.
+            self.double()
+        saved = checkpoint.get(_CHECKPOINT_KEY, {})
+        per_rank = saved.get("rank_carries")
+        if per_rank is None:  # written before per-rank carries existed
+            per_rank = [saved.get("carries", {})]
+        saved_world = int(saved.get("world_size", len(per_rank)))
+        world, rank = _world()
+        if saved_world != world:
+            fitting = self._trainer is not None and self._trainer.state.fn == "fit"
+            if fitting and any(per_rank):
+                raise ValueError(
+                    f"this checkpoint holds the carried state of {saved_world} training process(es), one per rank for its "
+                    f"own streams, but this run has {world}. Carried state cannot be re-dealt to other ranks: resume with "
+                    f"the same number of processes (devices x num_nodes = {saved_world}), or start every stream afresh "
+                    "from a copy without carried state: onlinerec.checkpoint.drop_carried_state(path)."
+                )
+            if any(per_rank):
+                rank_zero_warn(f"Carried state saved by {saved_world} process(es) is not restored in a run of {world}; streams start from zero.")
+            self._carries = {}
+            return
+        self._carries = {k: Carry.from_state_dict(v) for k, v in per_rank[rank].items()}
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
 
 
 _EVAL = TBPTT()

@@ -33,7 +33,10 @@ class Segment:
         m, b = self.inputs.shape[:2]
         if not isinstance(self.reset, Tensor) or self.reset.dtype != torch.bool or tuple(self.reset.shape) != (m, b):
             got = (self.reset.dtype, tuple(self.reset.shape)) if isinstance(self.reset, Tensor) else type(self.reset).__name__
-            raise ValueError(f"Segment.reset must be a bool tensor of shape (M, B) = {(m, b)}; got {got}.")
+            raise ValueError(
+                f"Segment.reset must be a bool tensor of shape (M, B) = {(m, b)}; got {got}. Build it with dtype=torch.bool "
+                "(e.g. reset.bool()), True where a stream starts a new sequence, one row per step and one column per stream."
+            )
         if self.targets is not None and tuple(self.targets.shape[:2]) != (m, b):
             raise ValueError(f"Segment.targets must start with (M, B) = {(m, b)}; got {tuple(self.targets.shape)}.")
 

@@ -28,6 +28,7 @@ class SegmentStream:
         self.consumed = 0  # segments of the current epoch handed out and not given back (see state_dict)
         self._skip = 0
         self._started = False
+        self._exhausted = False
 
     def __iter__(self) -> Iterator[Segment]:
         if self._started and self._skip == 0:
@@ -35,17 +36,30 @@ class SegmentStream:
         self._started = True
         skip, self._skip = self._skip, 0
         self.consumed = 0
+        self._exhausted = False
         for i, segment in enumerate(self._make(self.epoch)):
             if i < skip:
                 continue
             self.consumed = i + 1
             yield segment
+        self._exhausted = True
 
     def state_dict(self) -> dict[str, Any]:
-        # Lightning fetches one batch ahead of the one being trained on; that one is not consumed yet.
-        return {"epoch": self.epoch, "consumed": max(0, self.consumed - 1)}
+        # Lightning fetches one batch ahead of the one being trained on (that one is not consumed yet) unless it
+        # knows the loader's length: then it fetches no further than the batch being trained on. At the end of an
+        # epoch the look-ahead found nothing, so every segment handed out is consumed.
+        ahead = 0 if self._exhausted or _has_len(self) else 1
+        return {"epoch": self.epoch, "consumed": max(0, self.consumed - ahead)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch = int(state["epoch"])
         self._skip = int(state["consumed"])
         self._started = True
+
+
+def _has_len(obj: Any) -> bool:
+    try:
+        len(obj)
+    except (TypeError, NotImplementedError):
+        return False
+    return True

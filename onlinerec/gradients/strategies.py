@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from typing_extensions import override
+
+from onlinerec.checkpoint import AtomicCheckpointIO
 
 from onlinerec.gradients.base import GradientMethod
 from onlinerec.gradients.rtrl import RTRL
@@ -30,6 +34,8 @@ class OnlineStrategy(DDPStrategy):
     ``M`` is the one source of truth for segment length: data modules read ``trainer.strategy.M``.
     Extra keyword arguments go to :class:`DDPStrategy` (and on to ``DistributedDataParallel``). Each rank
     owns its streams; their carried state lives outside the module's buffers, so DDP never overwrites it.
+    Checkpoints are written atomically and loaded weights-only (:class:`~onlinerec.checkpoint.AtomicCheckpointIO`)
+    unless ``checkpoint_io=`` (or a ``CheckpointIO`` plugin) says otherwise.
     """
 
     strategy_name: ClassVar[str]
@@ -46,10 +52,33 @@ class OnlineStrategy(DDPStrategy):
     def world_size(self) -> int:
         return self.num_nodes * self.num_processes
 
+    @property  # type: ignore[override]
+    def checkpoint_io(self) -> CheckpointIO:
+        io = self._checkpoint_io
+        if io is None:
+            self._checkpoint_io = io = AtomicCheckpointIO()
+        elif isinstance(io, _WrappingCheckpointIO) and io.checkpoint_io is None:
+            io.checkpoint_io = AtomicCheckpointIO()
+        return io
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, io: CheckpointIO | None) -> None:
+        self._checkpoint_io = io
+
     @override
     def _configure_launcher(self) -> None:
         if self.world_size > 1 or self.cluster_environment is None or self.cluster_environment.creates_processes_externally:
             super()._configure_launcher()
+
+    @override
+    def setup(self, trainer: Any) -> None:
+        # As a DDPStrategy (even on one device), Lightning would put a DistributedSampler into every map-style
+        # DataLoader, a shuffling one for training. Segments must come in stream order, and under DDP every rank
+        # serves its own streams (data modules shard by trainer.global_rank), so no sampler is injected.
+        connector = getattr(trainer, "_accelerator_connector", None)
+        if connector is not None:
+            connector.use_distributed_sampler = False
+        super().setup(trainer)
 
     @override
     def setup_distributed(self) -> None:

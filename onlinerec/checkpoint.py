@@ -1,0 +1,127 @@
+"""Checkpoint files: atomic writes, weights-only loading, and the carried state of every rank.
+
+:class:`AtomicCheckpointIO` is the default ``checkpoint_io`` of the onlinerec strategies (``RTRLStrategy``,
+``TBPTTStrategy``, ``SnAPStrategy``). It differs from Lightning's ``TorchCheckpointIO`` in two ways:
+
+- **Atomic, durable writes.** A checkpoint is written to a temporary file in the same directory, flushed and
+  ``fsync``-ed, then moved over the target with ``os.replace`` (atomic on POSIX and Windows), and the directory is
+  fsync-ed. A crash or exception midway leaves the previous file at that path untouched and no partial file
+  under the checkpoint's name. Remote paths (``s3://`` …) fall back to Lightning's fsspec transaction.
+- **Weights-only loading by default.** ``load_checkpoint`` passes ``weights_only=True`` to ``torch.load`` unless
+  the caller asks otherwise, so resuming from a checkpoint never runs pickled code. Everything onlinerec stores
+  (parameters, optimizer and scheduler state, carried state, loader position) is plain tensors, numbers and
+  strings. A checkpoint that holds other objects (for instance hyper-parameters that are class instances) is
+  refused with a message; if you trust the file, resume with ``trainer.fit(..., weights_only=False)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from typing_extensions import override
+
+__all__ = ["AtomicCheckpointIO", "atomic_torch_save", "drop_carried_state", "load_checkpoint_file"]
+
+CARRY_KEY = "onlinerec"
+"""Top-level checkpoint key under which OnlineRecurrentModule stores carried state."""
+
+
+def _is_local(path: _PATH) -> bool:
+    return "://" not in str(path) or str(path).startswith("file://")
+
+
+def _fsync_dir(directory: str) -> None:
+    # Make the rename itself durable. Not every platform/filesystem lets us open a directory; that is fine.
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_torch_save(obj: Any, path: _PATH) -> None:
+    """``torch.save(obj, path)`` that never leaves a partial file at ``path``: temp file, fsync, ``os.replace``."""
+    path = os.fspath(str(path).removeprefix("file://"))
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    _fsync_dir(directory)
+
+
+def load_checkpoint_file(path: _PATH, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+    """``torch.load`` with ``weights_only=True`` unless asked otherwise, and a clear error when that refuses a file."""
+    weights_only = True if weights_only is None else weights_only
+    fs = get_filesystem(path)
+    if not fs.exists(path):
+        raise FileNotFoundError(f"Checkpoint file not found: {path}")
+    try:
+        with fs.open(path, "rb") as f:
+            return torch.load(f, map_location=map_location, weights_only=weights_only)
+    except pickle.UnpicklingError as err:
+        if not weights_only:
+            raise
+        raise pickle.UnpicklingError(
+            f"{path} holds objects other than tensors and plain containers, so it was not loaded: onlinerec loads "
+            "checkpoints with torch.load(weights_only=True) so that a checkpoint cannot run code. If you trust this "
+            "file, resume with trainer.fit(..., weights_only=False), or allow the named classes with "
+            f"torch.serialization.add_safe_globals([...]). torch said: {err}"
+        ) from err
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning ``CheckpointIO`` with crash-safe writes and weights-only loading (see the module docstring).
+
+    The onlinerec strategies use it unless given ``checkpoint_io=`` or a ``CheckpointIO`` plugin.
+    """
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options; write a custom CheckpointIO to use them.")
+        if not _is_local(path):
+            super().save_checkpoint(checkpoint, path)
+            return
+        atomic_torch_save(checkpoint, path)
+
+    @override
+    def load_checkpoint(
+        self,
+        path: _PATH,
+        map_location: Callable | Any | None = lambda storage, loc: storage,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        return load_checkpoint_file(path, map_location=map_location, weights_only=weights_only)
+
+
+def drop_carried_state(src: _PATH, dst: _PATH | None = None) -> Path:
+    """Write a copy of checkpoint ``src`` without onlinerec's carried state (to ``dst``, default ``src`` + ``.nocarry``).
+
+    Use it to resume with a different number of processes: carried state belongs to the streams of each rank and
+    cannot be re-dealt, so resuming a checkpoint saved by W processes with W' != W is refused. Without carried state
+    every stream starts from a zero state (and, for RTRL/SnAP, zero sensitivities) — as at the start of training.
+    """
+    ckpt = load_checkpoint_file(src)
+    ckpt.pop(CARRY_KEY, None)
+    out = Path(f"{src}.nocarry" if dst is None else dst)
+    atomic_torch_save(ckpt, out)
+    return out

@@ -1,0 +1,191 @@
+"""Faults: NaN/inf stops training at the step that produced it (the last good checkpoint stays); env workers
+that crash, die or hang are restarted with their stream flagged reset, and the run goes on."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import gymnasium
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from gymnasium.vector import AutoresetMode
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from onlinerec import ELSTMCell, OnlineRecurrentModule, RTRLStrategy, Segment
+from onlinerec.callbacks import FiniteGuard, NonFiniteError
+from onlinerec.data.stream import SegmentStream
+from onlinerec.reliability import ResilientVectorEnv
+
+M = 4
+
+
+def segments(epoch: int):
+    gen = torch.Generator().manual_seed(epoch)
+    for i in range(20):
+        x = torch.randn(M, 3, 2, generator=gen)
+        reset = torch.zeros(M, 3, dtype=torch.bool)
+        reset[0] |= i == 0
+        yield Segment(x, reset, x.cumsum(0)[..., :1])
+
+
+class Regressor(OnlineRecurrentModule):
+    def __init__(self, bad_step: int | None = None, kind: str = "nan") -> None:
+        super().__init__(ELSTMCell(2, 5), lr=1e-2)
+        self.head = torch.nn.Linear(5, 1)
+        self.bad_step, self.kind = bad_step, kind
+
+    def segment_loss(self, outputs, segment):
+        loss = torch.nn.functional.mse_loss(self.head(outputs), segment.targets)
+        if self.global_step == self.bad_step:
+            if self.kind == "nan":
+                loss = loss * float("nan")
+            elif self.kind == "inf":
+                loss = loss + float("inf")
+            elif self.kind == "grad":  # finite loss, NaN gradient: d sqrt(x)/dx at 0 is inf, times 0
+                loss = loss + torch.sqrt(self.head.bias * 0).sum()
+        return loss
+
+
+def fit(model, tmp_path: Path | None = None, max_steps: int = 8, callbacks=(), ckpt_path=None):
+    cbs = list(callbacks)
+    if tmp_path is not None:
+        cbs.append(ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1))
+    trainer = L.Trainer(
+        strategy=RTRLStrategy(M=M),
+        accelerator="cpu",
+        devices=1,
+        max_steps=max_steps,
+        logger=False,
+        enable_checkpointing=tmp_path is not None,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=cbs,
+    )
+    trainer.fit(model, SegmentStream(segments), ckpt_path=ckpt_path)
+    return trainer
+
+
+# -- NaN / inf ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["nan", "inf"])
+def test_nan_loss_stops_training_naming_the_step_and_the_last_checkpoint_stays(tmp_path, kind):
+    torch.manual_seed(0)
+    model = Regressor(bad_step=5, kind=kind)
+    with pytest.raises(NonFiniteError, match=r"global step 5 .*the loss is (nan|inf).*epoch=0-step=5\.ckpt") as info:
+        fit(model, tmp_path)
+    assert "gradient_clip_val" in str(info.value)  # and says what to do
+    names = sorted(p.name for p in tmp_path.glob("*.ckpt"))
+    assert names[-1] == "epoch=0-step=5.ckpt" and len(names) == 5  # nothing written at or after the bad step
+    last = torch.load(tmp_path / names[-1], weights_only=True)
+    for name, value in model.state_dict().items():  # the bad update was never applied
+        assert torch.isfinite(value).all(), name
+        torch.testing.assert_close(last["state_dict"][name], value, rtol=0, atol=0)
+
+    resumed = Regressor()  # and the last checkpoint resumes
+    trainer = fit(resumed, max_steps=7, ckpt_path=tmp_path / names[-1])
+    assert trainer.global_step == 7 and all(torch.isfinite(p).all() for p in resumed.parameters())
+
+
+def test_nan_gradient_with_a_finite_loss_is_caught_and_named():
+    torch.manual_seed(0)
+    with pytest.raises(NonFiniteError, match=r"global step 3 .*gradients of .*head\.bias.* are not finite") as info:
+        fit(Regressor(bad_step=3, kind="grad"))
+    assert "the loss is" not in str(info.value)
+
+
+def test_nan_guard_is_added_once_and_can_be_turned_off():
+    torch.manual_seed(0)
+    model = Regressor(bad_step=2)
+    trainer = fit(model, max_steps=4, callbacks=[FiniteGuard(enabled=False)])
+    assert sum(isinstance(cb, FiniteGuard) for cb in trainer.callbacks) == 1  # the module did not add another
+    assert not all(torch.isfinite(p).all() for p in model.parameters())  # unguarded, the NaN step ruined the weights
+
+    trainer = fit(Regressor(), max_steps=1)
+    assert sum(isinstance(cb, FiniteGuard) for cb in trainer.callbacks) == 1  # added by default
+
+
+# -- env workers ---------------------------------------------------------------------------------------------------
+class FlakyEnv(gymnasium.Env):
+    """obs = [stream tag, step in episode]; episodes last 6 steps. Fails once (the first instance to reach
+    ``fail_at``, as recorded by a marker file): raises, hangs, or kills its process."""
+
+    metadata: dict = {}
+
+    def __init__(self, tag: int, fail: str | None = None, fail_at: int = 3, marker: str | None = None, always: bool = False):
+        self.tag, self.fail, self.fail_at, self.marker, self.always = tag, fail, fail_at, marker, always
+        self.observation_space = gymnasium.spaces.Box(-1e6, 1e6, shape=(2,), dtype=np.float32)
+        self.action_space = gymnasium.spaces.Discrete(2)
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([self.tag, self.t], dtype=np.float32), {"seed": -1 if seed is None else seed}
+
+    def step(self, action):
+        self.t += 1
+        if self.fail and self.t == self.fail_at and (self.always or not os.path.exists(self.marker)):
+            Path(self.marker).touch()
+            if self.fail == "raise":
+                raise RuntimeError("simulated env crash")
+            if self.fail == "hang":
+                time.sleep(60)
+            if self.fail == "exit":
+                os._exit(3)
+        return np.array([self.tag, self.t], dtype=np.float32), 1.0, self.t >= 6, False, {}
+
+
+def make_env(tmp_path, fail, bad_stream=1, num_envs=3, always=False, fail_at=3, **kwargs):
+    marker = str(tmp_path / "failed")
+    fns = [
+        (lambda i=i: FlakyEnv(i, fail if i == bad_stream else None, fail_at=fail_at, marker=marker, always=always))
+        for i in range(num_envs)
+    ]
+    return ResilientVectorEnv(fns, context="fork", seed=100, **kwargs)
+
+
+@pytest.mark.parametrize("fail", ["raise", "exit", "hang"])
+def test_fault_env_worker_is_restarted_and_its_stream_flagged_reset(tmp_path, fail, caplog):
+    env = make_env(tmp_path, fail, step_timeout=0.5 if fail == "hang" else 10.0)
+    try:
+        assert env.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+        obs, info = env.reset(seed=100)
+        assert obs.tolist() == [[0, 0], [1, 0], [2, 0]] and not info["restarted"].any()
+        for _ in range(2):
+            obs, rew, term, trunc, info = env.step(np.zeros(3, dtype=np.int64))
+        assert obs[:, 1].tolist() == [2, 2, 2]
+        with caplog.at_level(logging.WARNING, logger="onlinerec.reliability"):
+            start = time.monotonic()
+            obs, rew, term, trunc, info = env.step(np.zeros(3, dtype=np.int64))  # stream 1 fails at its 3rd step
+            took = time.monotonic() - start
+        assert info["restarted"].tolist() == [False, True, False]
+        assert trunc.tolist() == [False, True, False] and not term.any()  # SAME_STEP: reset before the next step
+        assert rew.tolist() == [1.0, 0.0, 1.0]
+        assert obs.tolist() == [[0, 3], [1, 0], [2, 3]]  # a fresh episode in slot 1; the others went on
+        assert env.restart_counts == [0, 1, 0] and env.events[0].env_index == 1
+        reason = {"raise": "simulated env crash", "exit": "died (exit code 3)", "hang": "no reply within 0.5 s"}[fail]
+        assert reason in env.events[0].reason
+        assert any("env worker 1" in r.getMessage() and "flagged reset" in r.getMessage() for r in caplog.records)
+        assert took < 5.0  # a hang costs the timeout, not the sleep
+        assert info["seed"][1] == 100 + 1 + 100_003  # restarted with a new, deterministic seed
+        for _ in range(4):  # the run continues on every stream
+            obs, rew, term, trunc, info = env.step(np.zeros(3, dtype=np.int64))
+            assert not info["restarted"].any()
+        assert obs[:, 1].tolist() == [1, 4, 1]  # streams 0 and 2 ended their 6-step episode and restarted (SAME_STEP)
+    finally:
+        env.close()
+
+
+def test_fault_env_that_always_fails_is_given_up_with_a_clear_error(tmp_path):
+    env = make_env(tmp_path, "raise", always=True, fail_at=1, max_restarts=2)  # fails at every episode's first step
+    try:
+        env.reset(seed=0)
+        with pytest.raises(RuntimeError, match=r"env worker 1 failed 3 times in a row .*simulated env crash.*max_restarts"):
+            for _ in range(20):
+                env.step(np.zeros(3, dtype=np.int64))
+    finally:
+        env.close()

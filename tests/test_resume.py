@@ -1,0 +1,211 @@
+"""Exact resume and safe checkpoint files: atomic writes (a crash mid-write leaves the previous checkpoint intact),
+weights-only loading (a checkpoint cannot run code), and exact resume of the supervised data modules."""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from onlinerec import ELSTMCell, OnlineRecurrentModule, RTRLStrategy, Segment, SnAPStrategy, TBPTTStrategy
+from onlinerec.checkpoint import AtomicCheckpointIO, atomic_torch_save, load_checkpoint_file
+from onlinerec.data.stream import SegmentStream
+
+M = 4
+
+
+def segments(epoch: int, count: int = 6):
+    gen = torch.Generator().manual_seed(epoch)
+    for i in range(count):
+        x = torch.randn(M, 3, 2, generator=gen)
+        reset = torch.rand(M, 3, generator=gen) < 0.15
+        yield Segment(x, reset, x.cumsum(0)[..., :1])
+
+
+class Regressor(OnlineRecurrentModule):
+    def __init__(self) -> None:
+        super().__init__(ELSTMCell(2, 5), lr=1e-2)
+        self.head = torch.nn.Linear(5, 1)
+
+    def segment_loss(self, outputs, segment):
+        return torch.nn.functional.mse_loss(self.head(outputs), segment.targets)
+
+
+def trainer(max_steps: int, strategy=None, **kwargs) -> L.Trainer:
+    defaults = dict(
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1
+    )
+    return L.Trainer(strategy=strategy or RTRLStrategy(M=M), max_steps=max_steps, **{**defaults, **kwargs})
+
+
+# -- atomic writes -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("strategy", [RTRLStrategy(M=M), TBPTTStrategy(M=M), SnAPStrategy(M=M), "rtrl"], ids=str)
+def test_resume_strategies_write_checkpoints_atomically_by_default(strategy):
+    t = trainer(1, strategy)
+    assert isinstance(t.strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+def test_resume_strategies_keep_a_checkpoint_io_the_user_gives():
+    mine = TorchCheckpointIO()
+    assert RTRLStrategy(M=M, checkpoint_io=mine).checkpoint_io is mine
+    assert trainer(1, RTRLStrategy(M=M), plugins=[mine]).strategy.checkpoint_io is mine
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+def _crashing_save(real_save):
+    def save(obj, f, *args, **kwargs):
+        buf = io.BytesIO()
+        real_save(obj, buf, *args, **kwargs)
+        data = buf.getvalue()
+        f.write(data[: len(data) // 2])  # half the file reaches the disk, then the process "dies"
+        raise _Crash("simulated crash in the middle of writing a checkpoint")
+
+    return save
+
+
+def test_resume_crash_mid_write_leaves_the_previous_last_checkpoint_intact(tmp_path, monkeypatch):
+    """ModelCheckpoint(save_last=True) rewrites last.ckpt every step; a crash while writing step 4's leaves step 3's."""
+    torch.manual_seed(0)
+    model = Regressor()
+
+    class CrashAtStep4(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == 4:  # runs just before ModelCheckpoint rewrites last.ckpt after the 4th step
+                monkeypatch.setattr(torch, "save", _crashing_save(torch.save))
+
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=1, save_top_k=0)  # only last.ckpt
+    t = trainer(6, callbacks=[CrashAtStep4(), ckpt], enable_checkpointing=True)  # CrashAtStep4 runs before the save
+    with pytest.raises(_Crash):
+        t.fit(model, SegmentStream(segments))
+    monkeypatch.undo()
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no partial file, no temp file left
+    last = load_checkpoint_file(tmp_path / "last.ckpt")  # loads, weights-only
+    assert last["global_step"] == 3
+    resumed = Regressor()  # and resumes
+    t2 = trainer(5)
+    t2.fit(resumed, SegmentStream(segments), ckpt_path=tmp_path / "last.ckpt")
+    assert t2.global_step == 5
+
+
+def test_resume_atomic_save_failure_keeps_old_file_and_removes_the_temp_file(tmp_path, monkeypatch):
+    path = tmp_path / "x.ckpt"
+    atomic_torch_save({"v": torch.arange(3)}, path)
+    monkeypatch.setattr(torch, "save", _crashing_save(torch.save))
+    with pytest.raises(_Crash):
+        AtomicCheckpointIO().save_checkpoint({"v": torch.arange(1000)}, path)
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["x.ckpt"]
+    assert torch.equal(load_checkpoint_file(path)["v"], torch.arange(3))
+
+
+# -- weights-only loading --------------------------------------------------------------------------------------------
+class _Payload:
+    """Unpickling this runs code (here: creates a file)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_resume_loads_checkpoints_weights_only_so_they_cannot_run_code(tmp_path):
+    torch.manual_seed(0)
+    model = Regressor()
+    t = trainer(2)
+    t.fit(model, SegmentStream(segments))
+    good = tmp_path / "good.ckpt"
+    t.save_checkpoint(good)
+    assert torch.load(good, weights_only=True)  # an onlinerec checkpoint is plain data
+
+    evil, marker = tmp_path / "evil.ckpt", tmp_path / "code-ran"
+    ckpt = torch.load(good, weights_only=True)
+    ckpt["payload"] = _Payload(marker)
+    torch.save(ckpt, evil)
+    with pytest.raises(pickle.UnpicklingError, match=r"weights_only=True.*trust.*weights_only=False"):
+        trainer(4).fit(Regressor(), SegmentStream(segments), ckpt_path=evil)
+    assert not marker.exists()
+
+    t3 = trainer(4)  # a normal checkpoint resumes through the same weights-only path
+    t3.fit(Regressor(), SegmentStream(segments), ckpt_path=good)
+    assert t3.global_step == 4
+
+
+# -- exact resume of the supervised data modules --------------------------------------------------------------------
+class _SizedStream(SegmentStream):
+    def __len__(self) -> int:
+        return 6
+
+
+@pytest.mark.parametrize("sized", [False, True], ids=["unsized", "sized"])
+@pytest.mark.parametrize("stop", [3, 6, 8])
+def test_resume_segment_stream_with_and_without_len(tmp_path, stop, sized):
+    """Lightning fetches one batch ahead only when it does not know the loader's length; both resume exactly."""
+    cls = _SizedStream if sized else SegmentStream
+
+    def run(max_steps, ckpt=None, dirpath=None):
+        torch.manual_seed(0)
+        model = Regressor()
+        callbacks = [ModelCheckpoint(dirpath=dirpath, every_n_train_steps=1, save_top_k=-1)] if dirpath else []
+        t = trainer(max_steps, callbacks=callbacks, enable_checkpointing=bool(dirpath))
+        t.fit(model, cls(segments), ckpt_path=ckpt)
+        return model
+
+    straight = run(10)
+    run(stop, dirpath=tmp_path)
+    resumed = run(10, ckpt=next(tmp_path.glob(f"*step={stop}.ckpt")))
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    torch.testing.assert_close(straight._carries["train"].c, resumed._carries["train"].c, rtol=0, atol=0)
+
+
+def _sequence_setup():
+    data = pytest.importorskip("onlinerec.data.sequences")
+    gen = torch.Generator().manual_seed(0)
+    pairs = []
+    for i in range(11):
+        n = 3 + (i * 5) % 9
+        x = torch.randint(0, 4, (n,), generator=gen)
+        pairs.append((torch.nn.functional.one_hot(x, 4).float(), x.roll(1)))
+    return data, data.TensorSequences(pairs)
+
+
+class _Tagger(OnlineRecurrentModule):
+    def __init__(self) -> None:
+        super().__init__(ELSTMCell(4, 6), lr=1e-2)
+        self.head = torch.nn.Linear(6, 4)
+
+    def segment_loss(self, outputs, segment):
+        logits = self.head(outputs)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), segment.targets.flatten(), ignore_index=-100)
+
+
+@pytest.mark.parametrize("stop", [2, 5, 9])
+def test_resume_sequence_data_module_is_exact_mid_and_across_epochs(tmp_path, stop):
+    """SequenceDataModule (variable-length sequences dealt to B = 3 streams): interrupted at `stop`, resumed, == straight."""
+    data, sequences = _sequence_setup()
+
+    def run(max_steps, ckpt=None, dirpath=None):
+        torch.manual_seed(0)
+        model = _Tagger()
+        callbacks = [ModelCheckpoint(dirpath=dirpath, every_n_train_steps=1, save_top_k=-1)] if dirpath else []
+        t = trainer(max_steps, RTRLStrategy(M=3), callbacks=callbacks, enable_checkpointing=bool(dirpath), limit_val_batches=0)
+        t.fit(model, data.SequenceDataModule(train=sequences, num_streams=3), ckpt_path=ckpt)
+        return model
+
+    straight = run(12)  # about 2.5 epochs
+    run(stop, dirpath=tmp_path)
+    resumed = run(12, ckpt=next(tmp_path.glob(f"*step={stop}.ckpt")))
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    torch.testing.assert_close(straight._carries["train"].c, resumed._carries["train"].c, rtol=0, atol=0)
