@@ -67,3 +67,27 @@ def test_dmlab_example_says_how_to_install(tmp_path):
     assert proc.returncode == 2
     assert "deepmind_lab" in proc.stderr and "Bazel" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_config_yaml_and_overrides(tmp_path):
+    from onlinerec.rl.r2ac import R2ACConfig
+    from onlinerec.rl.train import ExperimentConfig, parse_config
+
+    cfg = parse_config(["--M", "7", "--r2ac.lr", "0.01", "--env_kwargs", '{"length": 9}'], EXAMPLES / "configs" / "atari_breakout.yaml")
+    assert isinstance(cfg, ExperimentConfig) and isinstance(cfg.r2ac, R2ACConfig)
+    assert cfg.env == "ALE/Breakout-v5" and cfg.M == 7 and cfg.num_envs == 32 and cfg.total_frames == 8e8
+    assert cfg.r2ac.lr == 0.01 and cfg.r2ac.grad_clip == 40.0 and cfg.env_kwargs == {"length": 9}
+    for path in sorted((EXAMPLES / "configs").glob("*.yaml")):  # every shipped config parses
+        assert parse_config(["--config", str(path)]).total_frames > 0
+
+
+def test_learning_curve_plot(tmp_path):
+    from onlinerec.rl.train import load_curve, plot_learning_curves
+
+    for k, run in enumerate(["a", "b"]):
+        (tmp_path / run / "csv" / "version_0").mkdir(parents=True)
+        rows = "".join(f"{f},{f / 100 + k},{i}\n" for i, f in enumerate([10.0, 20.0, 30.0]))
+        (tmp_path / run / "csv" / "version_0" / "metrics.csv").write_text("frames,return,step\n" + rows + ",,4\n")
+    assert load_curve(tmp_path / "a") == ([10.0, 20.0, 30.0], [0.1, 0.2, 0.3])
+    png = plot_learning_curves({"x": [tmp_path / "a", tmp_path / "b"]}, tmp_path / "c.png", baseline=0.0)
+    assert png.stat().st_size > 1000

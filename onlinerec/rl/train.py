@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -158,6 +159,8 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    for noise in (".*IterableDataset. has .__len__. defined.*", ".*defined a .validation_step. but have no .val_dataloader.*"):
+        warnings.filterwarnings("ignore", message=noise)  # the rollout loader is sized on purpose (no prefetch)
     L.seed_everything(cfg.seed, verbose=False)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
