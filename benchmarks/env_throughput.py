@@ -19,6 +19,15 @@ Backends (a backend whose interpreter is not given, or lacks the module, is skip
 Runs are interleaved (round-robin over backends, ``--reps`` rounds) and summarised by medians. A "step" is one
 call of ``step`` on the vector env, i.e. ``num_envs`` env steps (Atari: 4 frames each). The last line gives the
 envpool/onlinerec ratios.
+
+Measured 2026-11-21 on the 2-CPU development machine (under heavy load from other jobs: load average 6-8, so
+single runs vary by up to 2x), 8 envs, 2000 steps, 5 interleaved runs, medians in env steps/s (vector steps x 8):
+
+    ale 868 | ale-raw 805 | envpool-atari 878 | procgen 11 720 | gym3-raw 15 706 | envpool-procgen 10 871
+    ratios: envpool-atari/ale = 1.01; envpool-procgen/procgen = 0.93; ale/ale-raw = 1.08; procgen/gym3-raw = 0.75
+
+envpool does not clearly win for either family (and cannot share an environment with procgen-mirror, needs the
+system Qt5 runtime for ProcGen and a 745 MB install), so onlinerec.rl.envs has no envpool backend.
 """
 
 from __future__ import annotations

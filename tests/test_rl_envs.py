@@ -272,6 +272,12 @@ def test_atari_full_action_space_and_bad_ids():
         make_vector_env("ALE/Pong-v4", 1)
 
 
+def test_atari_paper_action_counts():
+    pytest.importorskip("ale_py")  # spec §5.4: the paper's five games with minimal action sets
+    counts = {g: num_actions(f"ALE/{g}-v5") for g in ("Breakout", "Gravitar", "MsPacman", "Qbert", "Seaquest")}
+    assert counts == {"Breakout": 4, "Gravitar": 18, "MsPacman": 9, "Qbert": 6, "Seaquest": 18}
+
+
 def _atari_run(seed, num_envs, steps, actions):
     env = make_vector_env("ALE/Breakout-v5", num_envs, seed=seed)
     obs, _ = env.reset()

@@ -12,7 +12,11 @@ Episodic life (default on, as in the paper): a lost life sets ``terminated`` (so
 reset) while the game goes on; game over (or the frame limit) resets the game. ``info["episode_end"]``,
 ``episode_return`` and ``episode_length`` (agent steps) describe whole games. Differences from torchbeast's
 gym wrapper stack (``EpisodicLifeEnv`` + ``FireResetEnv``): after a lost life the native env does not press FIRE
-or take the extra no-op, and keeps the frame stack; a full reset does both.
+or take the extra no-op, and keeps the frame stack; a full reset does both. torchbeast's ``NoFrameskip-v4`` cut
+games at 400 000 frames, ALE v5 (and this adapter's default ``max_episode_frames``) at 108 000.
+
+Trap: ale-py's own ``episodic_life=True`` restarts the *whole game* on every lost life (measured with ale-py
+0.12.1), which is not the paper's wrapper; this adapter uses ``life_loss_info=True`` instead.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 
 from onlinerec.rl.envs.base import MissingBackendError, SameStepEnv
 
-__all__ = ["make_atari", "atari_rom_id", "AtariEpisodicLife"]
+__all__ = ["make_atari", "atari_num_actions", "atari_rom_id", "AtariEpisodicLife"]
 
 INSTALL_HINT = "pip install 'onlinerec[atari]'  (ale-py>=0.11 and gymnasium>=1.1; the ROMs ship with ale-py)"
 
@@ -51,6 +55,18 @@ def atari_rom_id(env_id_or_game: str) -> str:
     if rom not in roms:
         raise ValueError(f"unknown Atari game {game!r} (ROM id {rom!r}); ale-py ships: {', '.join(sorted(roms))}")
     return rom
+
+
+def atari_num_actions(env_id: str, full_action_space: bool = False, **_: object) -> int:
+    """Size of the game's minimal action set (or 18 with ``full_action_space``), read from the ROM."""
+    if full_action_space:
+        atari_rom_id(env_id)
+        return 18
+    ale_py, _ = _import_ale()
+    ale = ale_py.ALEInterface()
+    ale.setLoggerMode(ale_py.LoggerMode.Error)
+    ale.loadROM(ale_py.roms.get_rom_path(atari_rom_id(env_id)))
+    return len(ale.getMinimalActionSet())
 
 
 class AtariEpisodicLife(SameStepEnv):
