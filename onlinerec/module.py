@@ -244,7 +244,9 @@ class OnlineRecurrentModule(L.LightningModule):
                     "from a copy without carried state: onlinerec.checkpoint.drop_carried_state(path)."
                 )
             if any(per_rank):
-                rank_zero_warn(f"Carried state saved by {saved_world} process(es) is not restored in a run of {world}; streams start from zero.")
+                rank_zero_warn(
+                    f"Carried state saved by {saved_world} process(es) is not restored in a run of {world}; streams start from zero."
+                )
             self._carries = {}
             return
         self._carries = {k: Carry.from_state_dict(v) for k, v in per_rank[rank].items()}

@@ -136,6 +136,8 @@ def script_main(out: Path, launcher: str) -> None:
         out / f"resume_rank{rank}.pt",
     )
 
+    r2ac_main(out, devices)
+
     # a NaN loss on rank 1 only: FiniteGuard stops *both* ranks at the same step (no rank left hanging in a collective)
     nandir = out / "nan_ckpts"
     torch.manual_seed(0)
@@ -151,6 +153,40 @@ def script_main(out: Path, launcher: str) -> None:
     (out / f"nan_rank{rank}.json").write_text(json.dumps({"message": message, "finite": finite, "global_step": trainer.global_step}))
     if rank == 0:
         (out / "done.json").write_text(json.dumps({"world_size": results, "launcher": launcher}))
+
+
+R2AC_STEPS, R2AC_ENVS = 3, 3
+
+
+def r2ac_main(out: Path, devices: int) -> None:
+    """R2AC (RTRL, eLSTM, tiny MLP stem) on the built-in T-maze: 3 steps on 2 processes, checkpointed, resumed to 5."""
+    from onlinerec.rl import R2AC, RolloutDataModule
+
+    def run(steps, ckpt_path=None, callbacks=()):
+        torch.manual_seed(0)
+        model = R2AC(2, (4,), cell="elstm", hidden_size=8, stem="mlp", fc_size=8)
+        dm = RolloutDataModule("memory:tmaze", num_envs=R2AC_ENVS, env_kwargs=dict(length=3))
+        trainer = L.Trainer(
+            strategy=RTRLStrategy(M=M), accelerator="cpu", devices=devices, max_steps=steps, logger=False,
+            enable_checkpointing=bool(callbacks), callbacks=list(callbacks), enable_progress_bar=False, enable_model_summary=False,
+        )
+        trainer.fit(model, dm, ckpt_path=ckpt_path)
+        return trainer, model, dm
+
+    ckdir = out / "r2ac_ckpts"
+    trainer, model, dm = run(R2AC_STEPS, callbacks=[ModelCheckpoint(dirpath=ckdir, every_n_train_steps=R2AC_STEPS, save_top_k=-1)])
+    rank = trainer.global_rank
+    result = {
+        "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "carry_c": model._carries["train"].c.clone(),
+        "act_c": model._carries["act"].c.clone(),
+        "loss": float(trainer.callback_metrics["train/loss"]),
+        "frames": model.frames,
+        "dm_frames": dm.frames,
+    }
+    trainer2, model2, dm2 = run(R2AC_STEPS + 2, ckpt_path=ckdir / f"epoch=0-step={R2AC_STEPS}.ckpt")
+    result.update(resumed_step=trainer2.global_step, resumed_frames=model2.frames, resumed_dm_frames=dm2.frames)
+    torch.save(result, out / f"r2ac_rank{rank}.pt")
 
 
 class NaNOnRank1(Regressor):
@@ -257,6 +293,26 @@ def test_ddp_nan_on_one_rank_stops_every_rank_at_that_step(ddp_run):
     assert ckpts[-1] == f"epoch=0-step={step}.ckpt", ckpts  # nothing written after the bad step
     last = torch.load(ddp_run / "nan_ckpts" / ckpts[-1], weights_only=True)
     assert all(torch.isfinite(v).all() for v in last["state_dict"].values())
+
+
+def test_ddp_r2ac_trains_on_two_processes_and_resumes(ddp_run):
+    """R2AC on 2 processes: ranks stay in sync, act in different envs, count frames of both, and resume from a
+    checkpoint holding both ranks' carried state (train and act streams)."""
+    res = [torch.load(ddp_run / f"r2ac_rank{r}.pt", weights_only=True) for r in (0, 1)]
+    for name, value in res[0]["params"].items():
+        torch.testing.assert_close(res[1]["params"][name], value, rtol=0, atol=0, msg=name)  # DDP kept the replicas equal
+    assert not torch.equal(res[0]["carry_c"], res[1]["carry_c"])  # each rank carried the state of its own envs
+    for r in res:
+        assert torch.isfinite(torch.tensor(r["loss"]))
+        per_rank = R2AC_STEPS * M * R2AC_ENVS
+        assert r["dm_frames"] == per_rank and r["frames"] == 2 * per_rank  # the module counts frames of all ranks
+        assert r["resumed_step"] == R2AC_STEPS + 2 and r["resumed_dm_frames"] == (R2AC_STEPS + 2) * M * R2AC_ENVS
+    saved = torch.load(ddp_run / "r2ac_ckpts" / f"epoch=0-step={R2AC_STEPS}.ckpt", weights_only=True)
+    assert saved["onlinerec"]["world_size"] == 2
+    for r in (0, 1):
+        carries = saved["onlinerec"]["rank_carries"][r]
+        assert {"train", "act"} <= set(carries) and "input_proj.weight" in carries["train"]["sensitivities"]
+        torch.testing.assert_close(carries["train"]["c"], res[r]["carry_c"], rtol=0, atol=0)
 
 
 @pytest.mark.slow

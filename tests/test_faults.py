@@ -189,3 +189,34 @@ def test_fault_env_that_always_fails_is_given_up_with_a_clear_error(tmp_path):
                 env.step(np.zeros(3, dtype=np.int64))
     finally:
         env.close()
+
+
+def test_fault_r2ac_keeps_training_through_an_env_worker_crash(tmp_path, caplog):
+    """End to end: R2AC acting in a ResilientVectorEnv whose stream 1 crashes mid-run. Training goes on, the crash
+    is logged, and the next segment flags stream 1 reset at the entry where the fresh episode starts."""
+    rl = pytest.importorskip("onlinerec.rl")
+    from onlinerec.rl.envs import SameStepEnv
+
+    def factory(num_envs, seed):
+        return SameStepEnv(make_env(tmp_path, "raise", num_envs=num_envs, fail_at=5), seed=seed)
+
+    resets = []
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            resets.append(batch.reset.clone())
+
+    torch.manual_seed(0)
+    model = rl.R2AC(2, (2,), cell="elstm", hidden_size=8, stem="mlp", fc_size=8)
+    trainer = L.Trainer(
+        strategy=RTRLStrategy(M=M), accelerator="cpu", devices=1, max_steps=4, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[Record()],
+    )
+    with caplog.at_level(logging.WARNING, logger="onlinerec.reliability"):
+        trainer.fit(model, rl.RolloutDataModule(factory, num_envs=3))
+    assert trainer.global_step == 4
+    assert any("env worker 1" in r.getMessage() for r in caplog.records)
+    flags = torch.cat([r[1:] for r in resets])  # entries 1..M of each segment, in agent-step order
+    # stream 1 crashed at its 5th step (agent step 5): that entry shows the fresh episode and carries the reset flag
+    assert flags[4, 1] and not flags[4, 0] and not flags[4, 2]
+    assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -237,7 +237,7 @@ class ResilientVectorEnv(VectorEnv):
         for i, reason in failed.items():
             results[i] = self._restart(i, reason)
             restarted[i] = True
-        obs = concatenate(self.single_observation_space, [results[i][0] for i in range(self.num_envs)], create_empty_array(self.single_observation_space, self.num_envs))
+        obs = self._batch([results[i][0] for i in range(self.num_envs)])
         infos: dict[str, Any] = {}
         for i in range(self.num_envs):
             infos = self._add_info(infos, results[i][1], i)
@@ -271,7 +271,7 @@ class ResilientVectorEnv(VectorEnv):
             results[i] = (obs, 0.0, False, True, dict(info))
             restarted[i] = True
         ordered = [results[i] for i in range(self.num_envs)]
-        obs = concatenate(self.single_observation_space, [r[0] for r in ordered], create_empty_array(self.single_observation_space, self.num_envs))
+        obs = self._batch([r[0] for r in ordered])
         rewards = np.array([r[1] for r in ordered], dtype=np.float64)
         terminated = np.array([r[2] for r in ordered], dtype=bool)
         truncated = np.array([r[3] for r in ordered], dtype=bool)
@@ -280,6 +280,10 @@ class ResilientVectorEnv(VectorEnv):
             infos = self._add_info(infos, r[4], i)
         infos["restarted"] = restarted
         return obs, rewards, terminated, truncated, infos
+
+    def _batch(self, observations: list[Any]) -> Any:
+        space = self.single_observation_space
+        return concatenate(space, observations, create_empty_array(space, self.num_envs))
 
     def close_extras(self, **kwargs: Any) -> None:
         if self._closed:
