@@ -381,6 +381,32 @@ def test_procgen_memory_mode_and_seeds():
     a.close(), b.close()
 
 
+def test_procgen_import_survives_a_shadowing_procgen_py(tmp_path, monkeypatch):
+    """`python examples/procgen.py` puts examples/ first on sys.path, so `import procgen` finds the script."""
+    import importlib.machinery
+    import importlib.util
+
+    (tmp_path / "procgen.py").write_text("SCRIPT = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "procgen", raising=False)
+    real = importlib.util.find_spec("procgen", None) is not None and any(
+        importlib.machinery.PathFinder.find_spec("procgen", [p]) for p in sys.path[1:] if p != str(tmp_path)
+    )
+    if real:
+        env = make_vector_env("procgen:chaser", 1, seed=0)
+        assert env.reset()[0].shape == (1, 3, 64, 64)
+        env.close()
+    else:
+        with pytest.raises(MissingBackendError, match="onlinerec\\[procgen\\]"):
+            make_vector_env("procgen:chaser", 1, seed=0)
+
+
+def test_procgen_missing_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "procgen", None)
+    with pytest.raises(MissingBackendError, match="onlinerec\\[procgen\\]"):
+        make_vector_env("procgen:chaser", 1)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # DMLab: a stand-in module following the documented deepmind_lab.Lab API
 # --------------------------------------------------------------------------------------------------------------

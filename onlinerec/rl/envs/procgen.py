@@ -69,7 +69,32 @@ def _import_procgen():
         import procgen
     except ImportError as e:
         raise MissingBackendError(INSTALL_HINT) from e
+    if not hasattr(procgen, "ProcgenGym3Env"):
+        procgen = _import_shadowed_procgen(procgen)
     return procgen
+
+
+def _import_shadowed_procgen(shadow):
+    """A file named ``procgen.py`` shadows the package when its folder is on ``sys.path`` — as for
+    ``python examples/procgen.py``, whose folder becomes ``sys.path[0]``. Import the real package from the rest."""
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
+
+    where = os.path.dirname(os.path.abspath(getattr(shadow, "__file__", "") or "."))
+    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != where]
+    spec = importlib.machinery.PathFinder.find_spec("procgen", path)
+    if spec is None or spec.loader is None:
+        raise MissingBackendError(f"`import procgen` found {getattr(shadow, '__file__', shadow)!r}, not ProcGen. {INSTALL_HINT}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["procgen"] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules["procgen"] = shadow
+        raise
+    return module
 
 
 class ProcgenVectorEnv(VectorEnv):
