@@ -50,8 +50,8 @@ class DemoConfig:
     """Steps between weight updates (segment length), for both methods."""
     delay: int = 100
     """Distractor steps between the cue and the query: the credit-assignment span."""
-    steps: int = 1000
-    """Weight updates per run (each covers M steps of every stream)."""
+    steps: int | None = None
+    """Weight updates per run, each covering M steps of every stream (default: 8 x delay)."""
     seeds: int = 3
     """Runs per method, with seeds 0 .. seeds-1 (model init and data)."""
     num_symbols: int = 4
@@ -60,10 +60,11 @@ class DemoConfig:
     """eLSTM width N."""
     num_streams: int = 32
     """Parallel training streams B."""
-    lr: float = 3e-3
+    lr: float = 1e-2
     """Adam learning rate (gradient norm clipped at 1)."""
-    forget_bias: float = 3.0
-    """Added to the eLSTM forget-gate bias so that memory can outlast the delay (sigmoid(3) = 0.95)."""
+    forget_bias: float | None = None
+    """Added to the eLSTM forget-gate bias so that memory (and RTRL's gradient) outlasts the delay; default
+    3 + log2(delay / 100), at least 1: 3 (forget gate 0.95) for delay 100, 4 (0.98) for delay 200."""
     eval_size: int = 500
     """Held-out sequences that score each trained model."""
     curve_points: int = 20
@@ -72,6 +73,12 @@ class DemoConfig:
     """Where learning_curves.png and results.json go."""
     quick: bool = False
     """A seconds-long smoke run (tiny task and budget) for tests; not a meaningful comparison."""
+
+    def __post_init__(self) -> None:
+        if self.steps is None:
+            self.steps = 8 * max(self.delay, 1)
+        if self.forget_bias is None:
+            self.forget_bias = max(1.0, 3.0 + math.log2(max(self.delay, 1) / 100))
 
 
 QUICK = {"M": 4, "delay": 12, "steps": 24, "seeds": 2, "hidden_size": 8, "num_streams": 8, "eval_size": 32, "curve_points": 4}
@@ -225,7 +232,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     console.print(
         f"[bold]onlinerec demo[/]: delayed recall (cue, {cfg.delay} distractors, query; {cfg.num_symbols} classes), "
-        f"eLSTM N={cfg.hidden_size}, {cfg.num_streams} streams, weight update every M={cfg.M} steps, "
+        f"eLSTM N={cfg.hidden_size} (forget bias {cfg.forget_bias:.1f}), {cfg.num_streams} streams, weight update every M={cfg.M} steps, "
         f"{cfg.steps} updates per run, {cfg.seeds} seed(s) per method."
     )
     results: list[RunResult] = []
@@ -286,8 +293,9 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
         if f.type in ("bool", bool):
             parser.add_argument(flag, action="store_true", default=None, help=docs.get(f.name))
         else:
-            kind = {"int": int, "float": float, "str": str}[str(f.type)]
-            parser.add_argument(flag, type=kind, default=None, help=f"{docs.get(f.name)} (default: {f.default})", metavar=f.name.upper())
+            kind = {"int": int, "float": float, "str": str}[str(f.type).split(" |")[0]]
+            default = "" if f.default is None else f" (default: {f.default})"
+            parser.add_argument(flag, type=kind, default=None, help=f"{docs.get(f.name)}{default}", metavar=f.name.upper())
     given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
     values = (QUICK if given.get("quick") else {}) | given
     cfg = DemoConfig(**values)

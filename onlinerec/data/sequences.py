@@ -56,7 +56,7 @@ class SequenceSegment(Segment):
 
     Attributes:
         sequence_id: (M, B) int64, the dataset index of the sequence at each step, -1 on padding steps.
-            Per-sequence metrics (:class:`~onlinerec.data.copy_task.SequenceAccuracy`) group steps by it,
+            Per-sequence metrics (:class:`SequenceAccuracy`) group steps by it,
             since one sequence usually spans several segments.
     """
 
@@ -312,7 +312,6 @@ def index_generator(seed: int, index: int, split: int = 0) -> torch.Generator:
     """
     key = hash((int(seed), int(split), int(index))) % (2**63 - 1)  # tuples of ints hash deterministically
     return torch.Generator().manual_seed(key)
-
 
 
 # -- losses and metrics over labelled steps ------------------------------------------------
