@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -199,7 +200,7 @@ class NaNOnRank1(Regressor):
         return loss
 
 
-def launch(out: Path, launcher: str = "lightning", timeout: float = 240) -> subprocess.CompletedProcess:
+def launch(out: Path, launcher: str = "lightning", timeout: float = 300) -> subprocess.Popen:
     env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
     for var in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK"):
         env.pop(var, None)
@@ -207,9 +208,16 @@ def launch(out: Path, launcher: str = "lightning", timeout: float = 240) -> subp
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(HERE), str(out), launcher]
     else:
         cmd = [sys.executable, str(HERE), str(out), launcher]
-    proc = subprocess.run(cmd, env=env, cwd=out, capture_output=True, text=True, timeout=timeout)
+    # its own process group, so that a hung run is ended with every rank it started
+    proc = subprocess.Popen(cmd, env=env, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"DDP script timed out after {timeout} s.\nstderr:\n{stderr[-8000:]}") from None
     if proc.returncode != 0 or not (out / "done.json").exists():
-        raise AssertionError(f"DDP script failed (rc {proc.returncode}).\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-8000:]}")
+        raise AssertionError(f"DDP script failed (rc {proc.returncode}).\nstdout:\n{stdout[-4000:]}\nstderr:\n{stderr[-8000:]}")
     return proc
 
 
