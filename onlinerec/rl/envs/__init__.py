@@ -6,9 +6,9 @@ Contract (what the learner may rely on, whatever the backend)
 
 - **Actions**: ``single_action_space`` is ``Discrete(n)`` (start 0); ``step`` takes an int array of shape
   ``(num_envs,)``. ``num_actions(env_id, **kwargs)`` returns ``n`` (validate the model against it).
-- **Observations**: ``uint8`` arrays. Pixel envs are channels-first images:
-  Atari ``(4, 84, 84)`` (4 stacked gray frames), ProcGen ``(3, 64, 64)`` RGB, DMLab ``(3, 72, 96)`` RGB.
-  Non-pixel memory tasks give small vectors or grids (see each family below).
+- **Observations**: pixel envs give ``uint8`` channels-first images: Atari ``(4, 84, 84)`` (4 stacked gray
+  frames), ProcGen ``(3, 64, 64)`` RGB, DMLab ``(3, 72, 96)`` RGB. Non-pixel memory tasks give small vectors or
+  grids: the T-maze and MiniGrid ``uint8``, POPGym ``float32`` (see each family below).
 - **Autoreset = SAME_STEP** (torchbeast semantics, spec §2.4), ``metadata["autoreset_mode"] ==
   AutoresetMode.SAME_STEP``: when an episode ends at a step, that step returns the *first* observation of the
   next episode, ``terminated | truncated`` is True for that stream, and the reward is the old episode's last
@@ -18,8 +18,9 @@ Contract (what the learner may rely on, whatever the backend)
   *real* episode ended — game over for Atari with episodic life, not a lost life), ``info["episode_return"]``
   (float32, the full episode's undiscounted, unclipped return) and ``info["episode_length"]`` (int64, agent steps),
   both valid where ``episode_end`` and 0 elsewhere.
-- **Seeds**: stream ``i`` is seeded with ``seed + i``. The first ``reset()`` without a seed uses the ``seed``
-  given to ``make_vector_env``; ``reset(seed=s)`` reseeds streams with ``s + i``.
+- **Seeds**: stream ``i`` is seeded with ``seed + i`` (ProcGen: procgen derives distinct, reproducible stream
+  seeds from ``seed`` itself). The first ``reset()`` without a seed uses the ``seed`` given to
+  ``make_vector_env``; ``reset(seed=s)`` reseeds streams with ``s + i``.
 - ``metadata`` also carries ``env_id`` and ``frames_per_step`` (emulator frames per agent step, for frame counts:
   Atari 4, DMLab 4, the others 1).
 
@@ -32,7 +33,8 @@ Env ids (``FAMILIES`` maps each family to its maker; unknown ids raise ``ValueEr
   kwargs ``distribution_mode`` (easy/hard/memory/exploration/extreme; checked against the game before creating),
   ``num_levels``, ``start_level``. obs ``uint8 (3, 64, 64)``, 15 actions.
 - ``"dmlab:<level>"`` — DeepMind Lab ``contributed/dmlab30/<level>`` via ``deepmind_lab`` (``dmlab.py``; not on
-  PyPI). obs ``uint8 (3, 72, 96)``, 9 actions, action repeat 4.
+  PyPI). obs ``uint8 (3, 72, 96)``, 9 actions, action repeat 4; one subprocess per stream
+  (``vectorization="async"``, the default here; ``"sync"`` runs them in-process).
 - ``"popgym:<Env>"`` — POPGym (e.g. ``popgym:RepeatPreviousEasy``); obs flattened to a ``float32`` vector
   (documented per env by its space). ``"MiniGrid-MemoryS7-v0"`` (or ``"minigrid:<id>"``) — MiniGrid memory rooms;
   obs the ``uint8 (3, 7, 7)`` partial view (channels first). ``"gymnasium:<id>"`` — any registered gymnasium env
