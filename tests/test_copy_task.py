@@ -113,7 +113,7 @@ def test_no_nan_when_every_label_is_ignored():
     assert loss.item() == 0.0 and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
-def test_copy_task_trains_fully_online_with_rtrl_and_reports_spec_metrics():
+def test_copy_task_trains_fully_online_with_rtrl_and_reports_spec_metrics(tmp_path):
     L.seed_everything(0, verbose=False)
     model = CopyTaskModule(hidden_size=8, lr=1e-2)
     data = CopyTaskDataModule(level=4, train_size=12, val_size=6, test_size=6, num_streams=3, eval_M=5)
@@ -134,6 +134,9 @@ def test_copy_task_trains_fully_online_with_rtrl_and_reports_spec_metrics():
     for name in ("train/loss", "val/loss", "val/acc", "val/seq_acc", "val/print_acc", "val/noop_acc"):
         assert name in logged and torch.isfinite(logged[name]), name
     assert 0.0 <= float(logged["val/print_acc"]) <= 1.0
+    trainer.save_checkpoint(tmp_path / "copy.ckpt")
+    restored = CopyTaskModule.load_from_checkpoint(tmp_path / "copy.ckpt")
+    assert restored.hparams.hidden_size == 8 and torch.equal(restored.head.weight, model.head.weight)
 
 
 def test_delayed_recall_labels_only_the_query():

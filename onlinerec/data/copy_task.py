@@ -161,6 +161,8 @@ class CopyTaskModule(SequenceClassifier):
             eps=eps,
             method=method,
         )
+        # Keep only this class's own arguments, so that load_from_checkpoint can rebuild it.
+        self.save_hyperparameters(ignore=["vocab_size", "num_classes", "ignore_index"])
 
     def eval_metrics(self) -> dict[str, Metric]:
         return {
