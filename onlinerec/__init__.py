@@ -1,6 +1,8 @@
 """onlinerec: train recurrent networks online with untruncated gradients (RTRL) in PyTorch Lightning."""
 
+from onlinerec.callbacks import FiniteGuard, NonFiniteError, StreamOrderError
 from onlinerec.cells import CELLS, ElementwiseCell, ELSTMCell, FELSTMCell, FullyRecurrentCell, QRNNCell, SRUCell, make_cell
+from onlinerec.checkpoint import AtomicCheckpointIO
 from onlinerec.data import Segment, SegmentStream
 from onlinerec.gradients import RTRL, TBPTT, Carry, GradientMethod, NotElementwiseError, SnAP, check_gradients
 from onlinerec.gradients.strategies import STRATEGIES, OnlineStrategy, RTRLStrategy, SnAPStrategy, TBPTTStrategy
@@ -9,6 +11,10 @@ from onlinerec.module import OnlineRecurrentModule
 __version__ = "0.1.0"
 
 __all__ = [
+    "AtomicCheckpointIO",
+    "FiniteGuard",
+    "NonFiniteError",
+    "StreamOrderError",
     "CELLS",
     "RTRL",
     "STRATEGIES",
