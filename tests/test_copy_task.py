@@ -147,3 +147,15 @@ def test_delayed_recall_labels_only_the_query():
         assert (y[:-1] == X).all() and y[-1] == x[0] - 3
     variable = DelayedRecall(30, delay=9, min_delay=2, seed=1)
     assert variable.lengths() == [len(variable[i][0]) for i in range(30)] and min(variable.lengths()) < 11
+
+
+def test_model_metrics_stay_separate_when_their_first_updates_agree():
+    # torchmetrics may merge metrics whose states match after the first update; here token and no-op accuracy
+    # agree on an all-blank first segment and must still differ afterwards.
+    metrics = CopyTaskModule(hidden_size=4).val_metrics
+    blanks = torch.full((2, 2), BLANK)
+    metrics.update(blanks, blanks, sequence_id=torch.zeros(2, 2, dtype=torch.long))
+    bits = torch.tensor([[0, 1], [1, 0]])
+    metrics.update(torch.zeros(2, 2, dtype=torch.long), bits, sequence_id=torch.ones(2, 2, dtype=torch.long))
+    got = {k: float(v) for k, v in metrics.compute().items()}
+    assert got == {"acc": 0.75, "noop_acc": 1.0, "print_acc": 0.5, "seq_acc": 0.5}

@@ -452,9 +452,11 @@ class SequenceClassifier(OnlineRecurrentModule):
         self.betas, self.eps = tuple(betas), eps
         self.embedding = nn.Embedding(vocab_size, embedding_dim) if embedding_dim else None
         self.head = nn.Linear(self.cell.output_size, num_classes)
-        self.train_metrics = MetricCollection({"acc": TokenAccuracy(ignore_index)})
-        self.val_metrics = MetricCollection({"acc": TokenAccuracy(ignore_index), **self.eval_metrics()})
-        self.test_metrics = MetricCollection({"acc": TokenAccuracy(ignore_index), **self.eval_metrics()})
+        # compute_groups=False: metrics with equal states after the first update must not be merged (torchmetrics
+        # would then share one state between, e.g., token and no-op accuracy for the rest of the epoch).
+        self.train_metrics = MetricCollection({"acc": TokenAccuracy(ignore_index)}, compute_groups=False)
+        self.val_metrics = MetricCollection({"acc": TokenAccuracy(ignore_index), **self.eval_metrics()}, compute_groups=False)
+        self.test_metrics = MetricCollection({"acc": TokenAccuracy(ignore_index), **self.eval_metrics()}, compute_groups=False)
 
     def eval_metrics(self) -> dict[str, Metric]:
         """Extra validation/test metrics; ``update(logits, targets, sequence_id=...)`` is called on each."""
