@@ -220,7 +220,8 @@ def machine() -> str:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
+    versions = f"Python {platform.python_version()}, torch {torch.__version__}"
+    return f"{cpu}, {os.cpu_count()} cores, {versions}, {torch.get_num_threads()} thread(s)"
 
 
 def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict[str, Any]:
@@ -273,7 +274,8 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict[str, Any]:
 
     png, js = out / "learning_curves.png", out / "results.json"
     plot_curves(results, cfg, png)
-    js.write_text(json.dumps({"config": asdict(cfg), "machine": machine(), "summary": summary, "runs": [asdict(r) for r in results]}, indent=2))
+    record = {"config": asdict(cfg), "machine": machine(), "summary": summary, "runs": [asdict(r) for r in results]}
+    js.write_text(json.dumps(record, indent=2))
     console.print(f"learning curves: {png}\nall numbers: {js}")
     summary["line"] = (
         f"demo: rtrl={summary['rtrl']['mean']:.3f} tbptt={summary['tbptt']['mean']:.3f} M={cfg.M} delay={cfg.delay} seeds={cfg.seeds}"

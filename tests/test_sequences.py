@@ -156,3 +156,32 @@ def test_datamodule_reads_M_from_the_trainer_strategy_or_an_override():
     assert SequenceDataModule(val=data).val_dataloader().segment_length == 64  # evaluation without any M
     with pytest.raises(RuntimeError, match="no train"):
         SequenceDataModule(M=2).train_dataloader()
+
+
+def test_training_resumed_mid_epoch_matches_an_uninterrupted_run(tmp_path):
+    import lightning as L
+
+    from onlinerec import RTRLStrategy
+    from onlinerec.data import DelayedRecallDataModule, SequenceClassifier
+
+    def trainer(steps):
+        return L.Trainer(
+            strategy=RTRLStrategy(M=3), max_steps=steps, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+        )
+
+    def fresh():
+        L.seed_everything(0, verbose=False)
+        data = DelayedRecallDataModule(delay=5, num_symbols=3, train_size=40, val_size=4, num_streams=4)
+        return SequenceClassifier(7, 3, hidden_size=5, lr=1e-2), data
+
+    model, data = fresh()
+    trainer(7).fit(model, data)
+    first, data1 = fresh()
+    t1 = trainer(3)
+    t1.fit(first, data1)
+    t1.save_checkpoint(tmp_path / "mid.ckpt")
+    resumed, data2 = fresh()
+    trainer(7).fit(resumed, data2, ckpt_path=tmp_path / "mid.ckpt")
+    for (name, a), b in zip(model.named_parameters(), resumed.parameters()):
+        assert torch.allclose(a, b, atol=1e-6), name

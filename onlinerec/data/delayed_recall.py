@@ -122,6 +122,12 @@ class DelayedRecallDataModule(SequenceDataModule):
             return DelayedRecall(size, delay, num_symbols, seed, which, min_delay)
 
         super().__init__(
-            split(train_size, 0), split(val_size, 1), split(val_size, 2), num_streams=num_streams, eval_streams=eval_streams, M=M, eval_M=eval_M
+            split(train_size, 0),
+            split(val_size, 1),
+            split(val_size, 2),
+            num_streams=num_streams,
+            eval_streams=eval_streams,
+            M=M,
+            eval_M=eval_M,
         )
         self.save_hyperparameters()
