@@ -178,3 +178,12 @@ def test_resume_is_exact_across_epochs_with_checkpoint_callback(tmp_path, stop):
     resumed = run(11, ckpt=ckpt)
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("strategy", ["rtrl", "tbptt", "snap"])
+def test_validate_and_test_run_with_the_onlinerec_strategies(strategy):
+    model = Regressor()
+    t = trainer(strategy, limit_val_batches=2, limit_test_batches=2)
+    loader = DataLoader(RandomStreams(4), batch_size=None)
+    assert "val/loss" in t.validate(model, loader, verbose=False)[0]
+    assert "test/loss" in t.test(model, loader, verbose=False)[0]

@@ -11,11 +11,11 @@ from typing import Any, ClassVar
 
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
-from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from lightning.pytorch.strategies import DDPStrategy, Strategy, StrategyRegistry
+from torch.nn import Module
 from typing_extensions import override
 
 from onlinerec.checkpoint import AtomicCheckpointIO
-
 from onlinerec.gradients.base import GradientMethod
 from onlinerec.gradients.rtrl import RTRL
 from onlinerec.gradients.snap import SnAP
@@ -78,7 +78,14 @@ class OnlineStrategy(DDPStrategy):
         connector = getattr(trainer, "_accelerator_connector", None)
         if connector is not None:
             connector.use_distributed_sampler = False
-        super().setup(trainer)
+        if self.world_size > 1:
+            super().setup(trainer)
+        else:  # one process: the plain single-device path (no DDP wrapper, no module-state sync without a process group)
+            Strategy.setup(self, trainer)
+
+    @override
+    def _setup_model(self, model: Module) -> Module:
+        return super()._setup_model(model) if self.world_size > 1 else model
 
     @override
     def setup_distributed(self) -> None:
@@ -86,11 +93,6 @@ class OnlineStrategy(DDPStrategy):
             super().setup_distributed()
         else:
             self.set_world_ranks()
-
-    @override
-    def configure_ddp(self) -> None:
-        if self.world_size > 1:
-            super().configure_ddp()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(M={self.M}, method={self.method!r})"
