@@ -139,6 +139,17 @@ def _forward_mode(
 
 _CHECKED: weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[str, ...]]] = weakref.WeakKeyDictionary()
 _FAST: weakref.WeakKeyDictionary[nn.Module, dict[str, bool]] = weakref.WeakKeyDictionary()
+_GATE_WEIGHTS: weakref.WeakKeyDictionary[nn.Module, dict[str, dict[str, tuple[int, ...]] | None]] = weakref.WeakKeyDictionary()
+
+
+def gate_weight_map(cell: nn.Module, method: str) -> dict[str, tuple[int, ...]] | None:
+    """For a checked cell: if every per-unit parameter p of ``cell.<method>`` is a diagonal recurrent weight
+    on gates, i.e. dc/dp[k] = dc/dgates[g_k] * c_prev for each row k (the eLSTM's w_z, w_f, the SRU's v_f:
+    ``gates[g] + p[k] * c_prev``), the gate index g_k of each row, by parameter name; otherwise None.
+
+    Then dc/dp never needs to be stored: it is a product of dc/dgates and c_prev. Established numerically
+    by :func:`recurrence_parameters` at a random float64 point (with perturbed parameters)."""
+    return _GATE_WEIGHTS.get(cell, {}).get(method)
 
 
 def recurrence_parameters(cell: nn.Module, method: str, exclude: tuple[str, ...], num_gates: int, n: int) -> tuple[str, ...]:
@@ -153,8 +164,35 @@ def recurrence_parameters(cell: nn.Module, method: str, exclude: tuple[str, ...]
         return cache[method]
     names = check_elementwise(cell, method, exclude, num_gates, n)
     _FAST.setdefault(cell, {})[method] = _per_row_matches(cell, method, names, num_gates, n)
+    _GATE_WEIGHTS.setdefault(cell, {})[method] = _find_gate_weights(cell, method, names, num_gates, n)
     cache[method] = names
     return names
+
+
+def _find_gate_weights(cell: nn.Module, method: str, names: tuple[str, ...], num_gates: int, n: int) -> dict[str, tuple[int, ...]] | None:
+    probe = copy.deepcopy(cell).double()
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in probe.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    params = dict(probe.named_parameters())
+    params = {k: params[k] for k in names}
+    gates = torch.randn(5, num_gates, n, generator=gen, dtype=torch.float64)
+    c_prev = torch.randn(5, n, generator=gen, dtype=torch.float64)
+    try:
+        local = _forward_mode(probe, method, params, gates, c_prev)
+    except Exception:  # noqa: BLE001 - no map, the general path is used
+        return None
+    out = {}
+    for k, d in local.d_params.items():
+        rows = []
+        for row in d.unbind(1):  # (R, N) for each row of the parameter viewed as (K, N)
+            match = [g for g in range(num_gates) if torch.allclose(row, local.d_gates[:, g] * c_prev, rtol=1e-12, atol=1e-12)]
+            if not match or not row.abs().max() > 0:
+                return None
+            rows.append(match[0])
+        out[k] = tuple(rows)
+    return out
 
 
 def _per_row_matches(cell: nn.Module, method: str, names: tuple[str, ...], num_gates: int, n: int) -> bool:

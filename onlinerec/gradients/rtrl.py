@@ -17,7 +17,13 @@ from torch import Tensor
 from onlinerec.cells.base import ElementwiseCell, FullyRecurrentCell
 from onlinerec.gradients.base import GradientMethod, project, scan, window_features
 from onlinerec.gradients.carry import Carry
-from onlinerec.gradients.derivatives import NotElementwiseError, _substituted, local_derivatives, recurrence_parameters
+from onlinerec.gradients.derivatives import (
+    NotElementwiseError,
+    _substituted,
+    gate_weight_map,
+    local_derivatives,
+    recurrence_parameters,
+)
 
 
 @dataclass(frozen=True)
@@ -61,38 +67,84 @@ def _contract(lam: Tensor, s: Tensor) -> Tensor:
     return out
 
 
+_CHUNK_MIN_ELEMENTS = 1 << 16
+"""Backward handles the steps in up to 4 chunks (last first) when M*B*G*N reaches this, to bound temporaries."""
+
+
 class _DiagonalScan(torch.autograd.Function):
     """The time loop of an element-wise cell, differentiated through its diagonal Jacobians.
 
-    ``run(gates, c0)`` (called without grad) returns the states (M, B, N) and the local derivatives that
-    RTRL needs for its carry anyway: jh = keep * dc_t/dc_{t-1} (M, B, N), dc/dgates (M, B, G, N) and
-    dc/dp (M, B, K, N) per unit parameter. Backward then runs the adjoint recursion
-    lambda_{t-1} = e_{t-1} + jh_t * lambda_t, one fused multiply-add per step, and reads every input
-    gradient off lambda. This is exactly backprop through the recurrence (the Jacobians are diagonal,
-    which the cell check established) without recording M steps of autograd graph.
+    ``run(gates, c0)`` (called without grad) returns the states (M, B, N) and ``derivs(t0, t1)``, which
+    gives, for steps t0..t1-1, the local derivatives that RTRL needs for its carry anyway: jh = keep *
+    dc_t/dc_{t-1} (T, B, N), dc/dgates (T, B, G, N) and ``param_grad(i, lam)``, the contraction
+    sum_{t,b} lam * dc/dp_i over those steps (K, N) for the i-th unit parameter.
+    Backward runs the adjoint recursion lambda_{t-1} = e_{t-1} + jh_t * lambda_t, one fused multiply-add
+    per step, and reads every input gradient off lambda. This is exactly backprop through the recurrence
+    (the Jacobians are diagonal, which the cell check established) without recording M steps of graph.
+    What ``derivs`` keeps alive until backward is chosen by :meth:`RTRL._diagonal_scan` for memory.
     """
 
     @staticmethod
     def forward(ctx, run, gates: Tensor, c0: Tensor, *unit_params: Tensor) -> Tensor:
-        states, jh, d_gates, d_params = run(gates, c0)
-        ctx.local = (jh, d_gates, d_params)
+        states, ctx.derivs = run(gates, c0)
+        ctx.gates_shape = gates.shape
         ctx.shapes = [p.shape for p in unit_params]
         return states
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        jh, d_gates, d_params = ctx.local
         needs = ctx.needs_input_grad
         lam = grad.contiguous().clone()
-        for t in range(lam.shape[0] - 1, 0, -1):
-            lam[t - 1].addcmul_(jh[t], lam[t])
-        g_gates = lam.unsqueeze(-2) * d_gates if needs[1] else None
-        g_c0 = jh[0] * lam[0] if needs[2] else None
-        g_params = [
-            (d * lam.unsqueeze(-2)).sum((0, 1)).reshape(shape) if need else None
-            for d, shape, need in zip(d_params, ctx.shapes, needs[3:])
-        ]
+        m = lam.shape[0]
+        size = -(-m // 4) if lam.numel() * ctx.gates_shape[2] >= _CHUNK_MIN_ELEMENTS else m
+        g_gates = torch.empty(ctx.gates_shape, dtype=lam.dtype, device=lam.device) if needs[1] else None
+        g_c0, g_params = None, [None] * len(ctx.shapes)
+        for t0 in reversed(range(0, m, size)):
+            t1 = min(t0 + size, m)
+            jh, d_gates, param_grad = ctx.derivs(t0, t1)
+            part = lam[t0:t1]
+            for t in range(t1 - t0 - 1, 0, -1):
+                part[t - 1].addcmul_(jh[t], part[t])
+            if t0 > 0:
+                lam[t0 - 1].addcmul_(jh[0], part[0])
+            if g_gates is not None:
+                torch.mul(part.unsqueeze(-2), d_gates, out=g_gates[t0:t1])
+            for i, need in enumerate(needs[3:]):
+                if need:
+                    acc = param_grad(i, part)
+                    g_params[i] = acc if g_params[i] is None else g_params[i].add_(acc)
+            if t0 == 0 and needs[2]:
+                g_c0 = jh[0] * part[0]
+            del jh, d_gates, param_grad
+        ctx.derivs = None
+        g_params = [None if g is None else g.reshape(shape) for g, shape in zip(g_params, ctx.shapes)]
         return (None, g_gates, g_c0, *g_params)
+
+
+def _contract_params(d_params: list[Tensor]):
+    """param_grad for explicit dc/dp tensors (T, B, K, N)."""
+    return lambda i, lam: (d_params[i] * lam.unsqueeze(-2)).sum((0, 1))
+
+
+def _contract_gate_weights(d_gates: Tensor, c_prev: Tensor, rows: list[tuple[int, ...]]):
+    """param_grad for diagonal recurrent weights on gates: sum_{t,b} lam * c_prev * dc/dgates[g_k], row by row."""
+
+    def grad(i: int, lam: Tensor) -> Tensor:
+        lc = lam * c_prev
+        return torch.stack([(d_gates[:, :, g] * lc).sum((0, 1)) for g in rows[i]])
+
+    return grad
+
+
+def _gate_weight_derivative(d_gates: Tensor, c_prev: Tensor, rows: tuple[int, ...]) -> Tensor:
+    """dc/dp for a diagonal recurrent weight on gates (see :func:`gate_weight_map`): (T, B, K, N)."""
+    if rows == tuple(range(d_gates.shape[2])):
+        sel = d_gates
+    elif len(rows) == 1:
+        sel = d_gates[:, :, rows[0] : rows[0] + 1]
+    else:
+        sel = d_gates[:, :, list(rows)]
+    return sel * c_prev.unsqueeze(2)
 
 
 def _exclusive_reverse_cumprod(jh: Tensor) -> tuple[Tensor, Tensor]:
@@ -184,12 +236,14 @@ class RTRL(GradientMethod):
             with torch.no_grad():
                 c_prev = torch.cat([carry.c.unsqueeze(0), states[:-1].detach()]) * keep.unsqueeze(-1)
                 j, d_gates, d_params = self._linearize(cell, params, gates.detach(), c_prev)
-                jh = j * keep.unsqueeze(-1)
+                local = [j * keep.unsqueeze(-1), d_gates, d_params]
+                del j, d_gates, d_params
         else:
-            states, (jh, d_gates, d_params, c_prev) = self._diagonal_scan(cell, params, gates, c0, keep)
+            states, local, c_prev = self._diagonal_scan(cell, params, gates, c0, keep)
+        del gates  # not needed any more; peak memory is reached in the carry below
         with torch.no_grad():
             sources = {"input": feats.detach(), "state": c_prev}
-            new_sens = self._carry(tracked, jh, d_gates, d_params, sources, carry.sensitivities)
+            new_sens = self._carry(tracked, local, sources, carry.sensitivities)
         return states, Carry(c=states[-1].detach(), window=window, sensitivities=new_sens)
 
     def _unroll_one_step(self, cell, tracked, params, inputs, reset, carry) -> tuple[Tensor, Carry]:
@@ -204,22 +258,44 @@ class RTRL(GradientMethod):
         frozen = {tr.name: params[tr.name].detach() for tr in tracked}
         with _substituted(cell, frozen):
             gates = project(cell, feats)
-            states, (jh, d_gates, d_params, c_prev) = self._diagonal_scan(cell, {**params, **frozen}, gates, carry.c, keep)
+            states, local, c_prev = self._diagonal_scan(cell, {**params, **frozen}, gates, carry.c, keep)
+        del gates
         with torch.no_grad():
-            new_sens = self._carry(tracked, jh, d_gates, d_params, {"input": feats.detach(), "state": c_prev}, carry.sensitivities)
+            new_sens = self._carry(tracked, local, {"input": feats.detach(), "state": c_prev}, carry.sensitivities)
         sens = [new_sens[tr.name] for tr in tracked]
         last = _InjectSensitivity.apply(states[0], len(sens), *sens, *[params[tr.name] for tr in tracked])
         return last.unsqueeze(0), Carry(c=states[0].detach(), window=window, sensitivities=new_sens)
 
     def _diagonal_scan(self, cell: ElementwiseCell, params: dict[str, Tensor], gates: Tensor, c0: Tensor, keep: Tensor):
-        """States (differentiable, via :class:`_DiagonalScan`) and the detached local derivatives."""
+        """States (differentiable, via :class:`_DiagonalScan`), the detached local derivatives as a list
+        [jh, d_gates, d_params] (for :meth:`_carry`, which empties it) and c_prev (None unless a tracked
+        weight multiplies the state).
+
+        What backward keeps, for M > 1 (in state-sized tensors per step; TBPTT's graph keeps 4 for the eLSTM):
+        - cells whose per-unit parameters are diagonal recurrent weights on gates (eLSTM, SRU, and any cell
+          without per-unit parameters, see :func:`gate_weight_map`): jh, dc/dgates and c_prev (G + 2), since
+          dc/dp = dc/dgates * c_prev is rebuilt cheaply;
+        - other cells: the gates and c_prev (G + 1), and backward recomputes the derivatives."""
         names = self._unit_parameters(cell)
-        unit = {k: params[k] for k in names}
+        gmap = gate_weight_map(cell, "recurrence")
+        unit = {} if gmap is not None else {k: params[k].detach().clone() for k in names}  # values used now
+        keep_c_prev = any(tr.source == "state" for tr in self.tracked(cell))  # else freed early (memory)
+        mask = keep.unsqueeze(-1)
         out = {}
+
+        def linearize(g: Tensor, c_prev: Tensor, t0: int, t1: int):
+            m, b, ng, n = g.shape
+            local = local_derivatives(cell, "recurrence", unit, g.reshape(m * b, ng, n), c_prev.reshape(m * b, n))
+            jh = local.d_state.reshape(m, b, n) * mask[t0:t1]
+            d_gates = local.d_gates.reshape(m, b, ng, n)
+            if gmap is not None:
+                d_params = [_gate_weight_derivative(d_gates, c_prev, gmap[k]) for k in names]
+            else:
+                d_params = [local.d_params[k].reshape(m, b, -1, n) for k in names]
+            return jh, d_gates, d_params, local.value
 
         def run(g: Tensor, c: Tensor):
             m, b, ng, n = g.shape
-            mask = keep.unsqueeze(-1)
             if m == 1:
                 c_prev = (c * mask[0]).unsqueeze(0)
             else:
@@ -228,20 +304,32 @@ class RTRL(GradientMethod):
                     torch.mul(c, mask[t], out=c_prev[t])
                     c = cell.recurrence(g[t], c_prev[t])
                     steps.append(c)
-            local = local_derivatives(cell, "recurrence", unit, g.reshape(m * b, ng, n), c_prev.reshape(m * b, n))
+            jh, d_gates, d_params, value = linearize(g, c_prev, 0, m)
             if m == 1:
-                value = local.value if local.value is not None else cell.recurrence(g[0], c_prev[0])
-                states = value.reshape(1, b, n)
+                states = (value if value is not None else cell.recurrence(g[0], c_prev[0])).reshape(1, b, n)
+                saved = (jh, d_gates, _contract_params(d_params))
+                derivs = lambda t0, t1: saved  # noqa: E731
             else:
                 states = torch.stack(steps)
-            jh = local.d_state.reshape(m, b, n) * mask
-            d_gates = local.d_gates.reshape(m, b, ng, n)
-            d_params = [local.d_params[k].reshape(m, b, -1, n) for k in names]
-            out["local"] = (jh, d_gates, dict(zip(names, d_params)), c_prev)
-            return states, jh, d_gates, d_params
+                if gmap is not None:
+                    rows = [gmap[k] for k in names]
+                    derivs = lambda t0, t1: (  # noqa: E731
+                        jh[t0:t1],
+                        d_gates[t0:t1],
+                        _contract_gate_weights(d_gates[t0:t1], c_prev[t0:t1], rows),
+                    )
+                else:
+                    gd = g.detach()
 
-        states = _DiagonalScan.apply(run, gates, c0, *unit.values())
-        return states, out["local"]
+                    def derivs(t0: int, t1: int):
+                        jh_, d_gates_, d_params_, _ = linearize(gd[t0:t1], c_prev[t0:t1], t0, t1)
+                        return jh_, d_gates_, _contract_params(d_params_)
+            out["local"] = [jh, d_gates, dict(zip(names, d_params))]
+            out["c_prev"] = c_prev if keep_c_prev else None
+            return states, derivs
+
+        states = _DiagonalScan.apply(run, gates, c0, *[params[k] for k in names])
+        return states, out.pop("local"), out.pop("c_prev")
 
     def _linearize(self, cell: ElementwiseCell, params: dict[str, Tensor], gates: Tensor, c_prev: Tensor):
         """Per-step diagonal Jacobian j (M, B, N), dc/dgates (M, B, G, N) and dc/dp (M, B, K, N)."""
@@ -255,32 +343,48 @@ class RTRL(GradientMethod):
         """Sensitivities at the segment end from those at its start (linearises, then :meth:`_carry`)."""
         j, d_gates, d_params = self._linearize(cell, params, gates, c_prev)
         jh = j * keep.unsqueeze(-1)  # a reset zeroes the carried sensitivities before its step
-        return self._carry(tracked, jh, d_gates, d_params, {"input": feats, "state": c_prev}, sens0)
+        return self._carry(tracked, [jh, d_gates, d_params], {"input": feats, "state": c_prev}, sens0)
 
-    def _carry(self, tracked, jh, d_gates, d_params, sources, sens0) -> dict[str, Tensor]:
+    def _carry(self, tracked, local: list, sources, sens0) -> dict[str, Tensor]:
         """S_M = P(0,M) S_0 + sum_tau P(tau,M) I_tau (design §4.1), one batched matmul per dense weight.
 
-        Allocates each new sensitivity once (the matmul output) and adds the decayed S_0 into it in place."""
+        ``local`` = [jh, d_gates, d_params] is emptied, and each derivative is dropped as soon as it has been
+        used, so that peak memory stays low; each new sensitivity is allocated once (the matmul output)
+        and the decayed S_0 is added into it in place."""
+        jh, d_gates, d_params = local
+        local.clear()
         if self.carry_mode == "stepwise":
             return _stepwise(tracked, jh, d_gates, d_params, sources, sens0)
         m, b, g, n = d_gates.shape
         p_rest, p_all = _exclusive_reverse_cumprod(jh)
+        del jh
         scale = p_all[:, None, :, None]
-        weighted = d_gates if m == 1 else p_rest.unsqueeze(2) * d_gates  # (M, B, G, N)
         out = {}
+        # small sensitivities first, so that their temporaries are gone before the big ones are allocated
         for tr in tracked:
-            s0 = sens0[tr.name]
+            if tr.kind == "unit":
+                part = d_params[tr.name] if m == 1 else p_rest.unsqueeze(2) * d_params[tr.name]
+                out[tr.name] = part.sum(0).unsqueeze(-1).addcmul_(sens0[tr.name], scale)
+        del d_params
+        if m == 1:
+            weighted = d_gates  # (M, B, G, N)
+        else:  # laid out as (B, G, N, M), the matmul's preferred operand layout, written through a view
+            buf = torch.empty(b, g, n, m, dtype=d_gates.dtype, device=d_gates.device)
+            weighted = torch.mul(p_rest.unsqueeze(2), d_gates, out=buf.permute(3, 0, 1, 2))
+        del p_rest, d_gates
+        for tr in tracked:
+            if tr.kind == "bias":
+                out[tr.name] = weighted.sum(0).unsqueeze(-1).addcmul_(sens0[tr.name], scale)
+        for tr in tracked:
             if tr.kind == "weight":
+                s0 = sens0[tr.name]
                 x = sources[tr.source].transpose(0, 1)  # (B, M, F)
                 if m == 1:  # an outer product; bmm with an inner size of 1 is slow
                     new = weighted[0].reshape(b, g * n, 1) * x
-                else:  # (B, G*N, M) as a transposed view of (B, M, G*N): no copy
-                    new = torch.bmm(weighted.transpose(0, 1).reshape(b, m, g * n).transpose(1, 2), x)
+                else:
+                    new = torch.bmm(buf.view(b, g * n, m), x.contiguous())
                 out[tr.name] = new.view(s0.shape).addcmul_(s0, scale)
-            else:
-                local = weighted if tr.kind == "bias" else (d_params[tr.name] if m == 1 else p_rest.unsqueeze(2) * d_params[tr.name])
-                out[tr.name] = local.sum(0).unsqueeze(-1).addcmul_(s0, scale)
-        return out
+        return {tr.name: out[tr.name] for tr in tracked}
 
 
 def _stepwise(tracked, jh, d_gates, d_params, sources, sens0) -> dict[str, Tensor]:

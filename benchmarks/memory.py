@@ -1,0 +1,147 @@
+"""Peak memory of one eLSTM core update: RTRL vs TBPTT (and the hand-written reference), on CPU.
+
+How it is measured (CPU has no ``torch.cuda.max_memory_allocated``; tracemalloc does not see torch's
+allocator):
+
+- **allocator** (primary): the update runs under ``torch.profiler`` with ``profile_memory=True``. Every
+  allocation and free made by torch's CPU allocator is then recorded with the running total of bytes
+  allocated since profiling began; the peak of that running total is the memory the update needs on top
+  of what was live before it (parameters, inputs, the carried state). Exact to the byte for tensors;
+  it does not count Python objects or the allocator's own overhead.
+- **rss** (cross-check, Linux): the peak resident set size of the process during the update (``VmHWM``
+  after resetting it through ``/proc/self/clear_refs``) minus the resident size just before. The worker
+  runs with ``MALLOC_MMAP_THRESHOLD_=65536`` so that glibc maps every block of 64 KiB or more afresh and
+  returns it on free; the resident size then follows the live tensors instead of the allocator's cache.
+  Counts pages (and Python, and allocator overhead), so it is coarser than the allocator figure.
+
+Every configuration runs in a fresh subprocess, after two untimed warm-up updates, so nothing one
+configuration leaves behind (cached blocks, lazily built state) skews another.
+
+"carried" is the state a method keeps between updates (c, and for RTRL the sensitivities); it is live
+before the update starts, so the peak of the whole process during an update is about
+``carried + peak above start``.
+
+Usage::
+
+    python benchmarks/memory.py            # Atari and DMLab core shapes, M = segment length and M = 1
+    python benchmarks/memory.py --quick    # small shapes (smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def worker(kind: str, b: int, n: int, d: int, m: int, threads: int) -> dict:
+    """Runs in the subprocess: warm up, then measure one update both ways."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    sys.path.insert(0, HERE)
+    from rtrl_vs_tbptt import Runner, make_cell, make_segments
+
+    torch.set_num_threads(threads)
+    runner = Runner(kind, make_cell(n, d, torch.float32, 0), b)
+    segs = make_segments(4, m, b, d, torch.float32, 1)
+    for i in range(2):
+        runner.step(*segs[i])
+
+    def carried_bytes() -> int:
+        c = runner.carry
+        if isinstance(c, dict):
+            return sum(t.numel() * t.element_size() for t in c.values())
+        return c.nbytes()
+
+    carried = carried_bytes()
+    runner.cell.zero_grad(set_to_none=True)
+
+    # allocator: running total of bytes allocated during the update
+    with tempfile.TemporaryDirectory() as tmp:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            runner.step(*segs[2])
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as fh:
+            events = json.load(fh)["traceEvents"]
+    totals = [e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {})]
+    peak_alloc = max([0, *totals])
+
+    # rss: peak resident size during one more update, minus the resident size before it
+    runner.cell.zero_grad(set_to_none=True)
+    rss_peak = None
+    try:
+        before = _rss_kib("VmRSS")
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # resets VmHWM to the current RSS
+        runner.step(*segs[3])
+        rss_peak = (_rss_kib("VmHWM") - before) * 1024
+    except (OSError, RuntimeError):
+        pass
+    return {"carried": carried, "peak_alloc": peak_alloc, "rss_peak": rss_peak}
+
+
+def sensitivity_bytes(b: int, n: int, d: int, itemsize: int = 4) -> int:
+    """Theoretical RTRL state of the eLSTM core: per stream 2*N*D (input projection [Z; F]) + 2*N (its bias)
+    + 2*N (recurrent weights w_z, w_f) numbers (spec §3)."""
+    return b * (2 * n * d + 4 * n) * itemsize
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small shapes (smoke test)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--kinds", default="tbptt,rtrl,reference,reference-inplace")
+    ap.add_argument("--worker", nargs=5, metavar=("KIND", "B", "N", "D", "M"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        kind, *dims = args.worker
+        print(json.dumps(worker(kind, *map(int, dims), args.threads)))
+        return
+
+    sys.path.insert(0, HERE)
+    shapes = {"atari": (8, 64, 65, 10), "dmlab": (8, 128, 65, 20)} if args.quick else {"atari": (32, 256, 257, 50), "dmlab": (32, 512, 257, 100)}
+    kinds = [k for k in args.kinds.split(",") if k]
+    mib = lambda x: "-" if x is None else f"{x / 2**20:.1f}"  # noqa: E731
+    print("peak memory of one update above what was live before it (MiB); carried = state kept between updates")
+    print(f"{'shape':<7} {'M':>4} {'method':<18} {'carried':>8} {'peak(alloc)':>12} {'peak(rss)':>10} {'carried+peak':>13} {'sens':>6}")
+    verdicts = []
+    for name, (b, n, d, m_seg) in shapes.items():
+        sens = sensitivity_bytes(b, n, d)
+        for m in (m_seg, 1):
+            rows = {}
+            for kind in kinds:
+                cmd = [sys.executable, os.path.abspath(__file__), "--threads", str(args.threads), "--worker", kind, str(b), str(n), str(d), str(m)]
+                env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=os.path.dirname(HERE), env=env)
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                rows[kind] = r
+                total = r["carried"] + r["peak_alloc"]
+                print(f"{name:<7} {m:>4} {kind:<18} {mib(r['carried']):>8} {mib(r['peak_alloc']):>12} {mib(r['rss_peak']):>10} {mib(total):>13} {mib(sens):>6}")
+            if "rtrl" in rows and "tbptt" in rows:
+                extra = (rows["rtrl"]["peak_alloc"] - rows["tbptt"]["peak_alloc"]) / sens
+                extra_total = (rows["rtrl"]["carried"] + rows["rtrl"]["peak_alloc"] - rows["tbptt"]["carried"] - rows["tbptt"]["peak_alloc"]) / sens
+                verdicts.append((name, m, extra, extra_total))
+    print()
+    print(f"theoretical sensitivity bytes (fp32, B streams): " + ", ".join(f"{k} {sensitivity_bytes(*v[:3]) / 2**20:.2f} MiB ({sensitivity_bytes(1, *v[1:3]) / 2**20:.3f} MiB per stream)" for k, v in shapes.items()))
+    for name, m, extra, extra_total in verdicts:
+        print(f"{name} M={m}: RTRL peak above start = TBPTT + {extra:.2f} x sensitivity bytes; with the carried state: TBPTT + {extra_total:.2f} x")
+    print("memory " + " ".join(f"{name}_M{m}={extra:.2f}" for name, m, extra, _ in verdicts))
+
+
+if __name__ == "__main__":
+    main()
