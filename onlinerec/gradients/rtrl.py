@@ -366,15 +366,13 @@ class RTRL(GradientMethod):
                 part = d_params[tr.name] if m == 1 else p_rest.unsqueeze(2) * d_params[tr.name]
                 out[tr.name] = part.sum(0).unsqueeze(-1).addcmul_(sens0[tr.name], scale)
         del d_params
-        if m == 1:
-            weighted = d_gates  # (M, B, G, N)
-        else:  # laid out as (B, G, N, M), the matmul's preferred operand layout, written through a view
-            buf = torch.empty(b, g, n, m, dtype=d_gates.dtype, device=d_gates.device)
-            weighted = torch.mul(p_rest.unsqueeze(2), d_gates, out=buf.permute(3, 0, 1, 2))
+        weighted = d_gates if m == 1 else p_rest.unsqueeze(2) * d_gates  # (M, B, G, N)
         del p_rest, d_gates
         for tr in tracked:
             if tr.kind == "bias":
                 out[tr.name] = weighted.sum(0).unsqueeze(-1).addcmul_(sens0[tr.name], scale)
+        if m > 1:  # the matmul operand (B, G*N, M); a contiguous copy beats a strided operand or output
+            weighted = weighted.permute(1, 2, 3, 0).reshape(b, g * n, m)
         for tr in tracked:
             if tr.kind == "weight":
                 s0 = sens0[tr.name]
@@ -382,7 +380,7 @@ class RTRL(GradientMethod):
                 if m == 1:  # an outer product; bmm with an inner size of 1 is slow
                     new = weighted[0].reshape(b, g * n, 1) * x
                 else:
-                    new = torch.bmm(buf.view(b, g * n, m), x.contiguous())
+                    new = torch.bmm(weighted, x.contiguous())
                 out[tr.name] = new.view(s0.shape).addcmul_(s0, scale)
         return {tr.name: out[tr.name] for tr in tracked}
 
