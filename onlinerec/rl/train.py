@@ -65,6 +65,9 @@ class ExperimentConfig:
     """Greedy evaluation episodes after training (0: none)."""
     eval_envs: int = 4
     """Parallel envs for the evaluation."""
+    eval_greedy: bool = True
+    """Evaluate with argmax actions (the paper's protocol); false: sample from the policy. A greedy policy can loop
+    forever in a deterministic game (Atari without sticky actions), which sampling avoids."""
     eval_max_steps: int | None = None
     """Cap on evaluation agent steps (per env); the episodes finished by then are reported."""
     out_dir: str = "runs/r2ac"
@@ -203,7 +206,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     if cfg.eval_episodes > 0:
         env = make_vector_env(cfg.env, cfg.eval_envs, seed=cfg.seed + 10_000, **{**cfg.env_kwargs, **cfg.eval_env_kwargs})
         try:
-            result["eval"] = model.evaluate(env, cfg.eval_episodes, greedy=True, max_steps=cfg.eval_max_steps)
+            result["eval"] = model.evaluate(env, cfg.eval_episodes, greedy=cfg.eval_greedy, max_steps=cfg.eval_max_steps)
         finally:
             env.close()
     (out / "eval.json").write_text(json.dumps(result, indent=2))
@@ -214,7 +217,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     summary = f"frames {result['frames']:,}  updates {result['updates']}"
     if "eval" in result:
         ev = result["eval"]
-        summary += f"  greedy eval over {len(ev['returns'])} episodes: {ev['mean']:.3f} ± {ev['std']:.3f}"
+        summary += f"  {'greedy' if cfg.eval_greedy else 'sampled'} eval over {len(ev['returns'])} episodes: {ev['mean']:.3f} ± {ev['std']:.3f}"
     print(summary, f"\nlogs, checkpoints and learning_curve.png in {out}", flush=True)
     return result
 
