@@ -208,8 +208,9 @@ def compare(kind: str, n: int, d: int, b: int, m: int, segments: int, dtype: tor
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class Timing:
-    median_ms: float
+    median_ms: float  # wall clock
     min_ms: float
+    cpu_ms: float  # median process CPU time (all threads): robust to waiting for a shared CPU
     reps: int
 
 
@@ -222,14 +223,16 @@ def time_methods(kinds: list[str], shape: tuple[int, int, int, int], reps: int, 
         for i in range(warmup):
             r.step(*segs[i % len(segs)])
     times: dict[str, list[float]] = {k: [] for k in kinds}
+    cpu: dict[str, list[float]] = {k: [] for k in kinds}
     for rep in range(reps):
         order = kinds[rep % len(kinds) :] + kinds[: rep % len(kinds)]
         for k in order:
             x, reset = segs[rep % len(segs)]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             runners[k].step(x, reset)
             times[k].append(time.perf_counter() - t0)
-    return {k: Timing(statistics.median(v) * 1e3, min(v) * 1e3, len(v)) for k, v in times.items()}
+            cpu[k].append(time.process_time() - c0)
+    return {k: Timing(statistics.median(v) * 1e3, min(v) * 1e3, statistics.median(cpu[k]) * 1e3, len(v)) for k, v in times.items()}
 
 
 def sensitivity_bytes(b: int, n: int, d: int, itemsize: int = 4) -> int:
@@ -278,29 +281,29 @@ def main(argv: list[str] | None = None) -> None:
         e32 = compare(kind, n=nn_, d=dd, b=bb, m=mm, segments=2, dtype=torch.float32, tol=1e-4)
         print(f"check: {kind} gradients = onlinerec RTRL (float64 rel. err {e64:.1e}; float32 at {names[0] if names else 'quick'} shape {e32:.1e})")
 
-    header = f"{'shape':<7} {'B':>3} {'N':>4} {'D':>4} {'M':>4}  {'method':<18} {'median ms':>10} {'min ms':>9} {'/tbptt':>7}"
+    header = f"{'shape':<7} {'B':>3} {'N':>4} {'D':>4} {'M':>4}  {'method':<18} {'median ms':>10} {'min ms':>9} {'cpu ms':>9} {'/tbptt':>7} {'cpu/tbptt':>9}"
     print()
-    print("one update (forward + backward + carry), medians of interleaved repetitions")
+    print("one update (forward + backward + carry), medians of interleaved repetitions (wall clock; cpu = process CPU time)")
     print(header)
     ratios = {}
     for s in names:
         b, n, d, m = shapes[s]
         res = time_methods(["tbptt", "rtrl", "reference", "reference-inplace"], (b, n, d, m), reps, args.warmup, args.seed)
-        base = res["tbptt"].median_ms
+        base, base_cpu = res["tbptt"].median_ms, res["tbptt"].cpu_ms
         for k, t in res.items():
-            print(f"{s:<7} {b:>3} {n:>4} {d:>4} {m:>4}  {k:<18} {t.median_ms:>10.2f} {t.min_ms:>9.2f} {t.median_ms / base:>7.2f}")
+            print(f"{s:<7} {b:>3} {n:>4} {d:>4} {m:>4}  {k:<18} {t.median_ms:>10.2f} {t.min_ms:>9.2f} {t.cpu_ms:>9.2f} {t.median_ms / base:>7.2f} {t.cpu_ms / base_cpu:>9.2f}")
         ratios[s] = res["rtrl"].median_ms / base
 
     print()
-    print("M = 1 online step (forward + backward + carry), medians of interleaved repetitions")
-    print(f"{'shape':<7} {'B':>3} {'N':>4} {'D':>4}  {'method':<18} {'median ms':>10} {'min ms':>9} {'ref/this':>9}")
+    print("M = 1 online step (forward + backward + carry), medians of interleaved repetitions (wall clock; cpu = process CPU time)")
+    print(f"{'shape':<7} {'B':>3} {'N':>4} {'D':>4}  {'method':<18} {'median ms':>10} {'min ms':>9} {'cpu ms':>9} {'ref/this':>9} {'cpu ref/this':>12}")
     online = {}
     for s in names:
         b, n, d, _ = shapes[s]
         res = time_methods(["rtrl", "reference", "reference-inplace", "tbptt"], (b, n, d, 1), online_reps, max(args.warmup, 3), args.seed)
-        ref = res["reference"].median_ms
+        ref, ref_cpu = res["reference"].median_ms, res["reference"].cpu_ms
         for k, t in res.items():
-            print(f"{s:<7} {b:>3} {n:>4} {d:>4}  {k:<18} {t.median_ms:>10.3f} {t.min_ms:>9.3f} {ref / t.median_ms:>9.2f}")
+            print(f"{s:<7} {b:>3} {n:>4} {d:>4}  {k:<18} {t.median_ms:>10.3f} {t.min_ms:>9.3f} {t.cpu_ms:>9.3f} {ref / t.median_ms:>9.2f} {ref_cpu / t.cpu_ms:>12.2f}")
         online[s] = ref / res["rtrl"].median_ms
         print(f"{s:<7} RTRL vs reference-inplace: {res['reference-inplace'].median_ms / res['rtrl'].median_ms:.2f}x")
 
