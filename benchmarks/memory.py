@@ -24,7 +24,7 @@ before the update starts, so the peak of the whole process during an update is a
 Usage::
 
     python benchmarks/memory.py            # Atari and DMLab core shapes, M = segment length and M = 1
-    python benchmarks/memory.py --quick    # small shapes (smoke test)
+    python benchmarks/memory.py --quick    # small shapes, TBPTT and RTRL only (smoke test)
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small shapes (smoke test)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--kinds", default="tbptt,rtrl,reference,reference-inplace")
+    ap.add_argument("--kinds", default=None, help="methods (default: tbptt,rtrl,reference,reference-inplace; quick: tbptt,rtrl)")
     ap.add_argument("--worker", nargs=5, metavar=("KIND", "B", "N", "D", "M"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
 
     sys.path.insert(0, HERE)
     shapes = {"atari": (8, 64, 65, 10), "dmlab": (8, 128, 65, 20)} if args.quick else {"atari": (32, 256, 257, 50), "dmlab": (32, 512, 257, 100)}
-    kinds = [k for k in args.kinds.split(",") if k]
+    kinds = [k for k in (args.kinds or ("tbptt,rtrl" if args.quick else "tbptt,rtrl,reference,reference-inplace")).split(",") if k]
     mib = lambda x: "-" if x is None else f"{x / 2**20:.1f}"  # noqa: E731
     print("peak memory of one update above what was live before it (MiB); carried = state kept between updates")
     print(f"{'shape':<7} {'M':>4} {'method':<18} {'carried':>8} {'peak(alloc)':>12} {'peak(rss)':>10} {'carried+peak':>13} {'sens':>6}")

@@ -67,7 +67,7 @@ def _contract(lam: Tensor, s: Tensor) -> Tensor:
     return out
 
 
-_CHUNK_MIN_ELEMENTS = 1 << 16
+_CHUNK_MIN_ELEMENTS = 1 << 13
 """Backward handles the steps in up to 4 chunks (last first) when M*B*G*N reaches this, to bound temporaries."""
 
 
