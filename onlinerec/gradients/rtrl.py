@@ -58,9 +58,9 @@ def _contract(lam: Tensor, s: Tensor) -> Tensor:
     On CPU a loop of in-place multiply-adds over b reads s once and keeps the (K, N, F) accumulator in
     cache; it is about 5x faster there than torch.einsum, which permutes s into a batched matmul."""
     b, k, n, f = s.shape
+    lam = lam.to(s.dtype)  # e.g. bfloat16 states under autocast, float32 sensitivities
     if s.device.type != "cpu" or f == 1 or b == 1:
         return torch.einsum("bn,bknf->knf", lam, s)
-    lam = lam.to(s.dtype)
     out = s[0] * lam[0, :, None]
     for i in range(1, b):
         out.addcmul_(s[i], lam[i, :, None])
@@ -351,6 +351,15 @@ class RTRL(GradientMethod):
         ``local`` = [jh, d_gates, d_params] is emptied, and each derivative is dropped as soon as it has been
         used, so that peak memory stays low; each new sensitivity is allocated once (the matmul output)
         and the decayed S_0 is added into it in place."""
+        # the sensitivities keep their own dtype (under autocast the local derivatives may be bfloat16)
+        dtype = next(iter(sens0.values())).dtype
+        with torch.autocast(local[0].device.type, enabled=False):
+            local[0], local[1] = local[0].to(dtype), local[1].to(dtype)
+            local[2] = {k: v.to(dtype) for k, v in local[2].items()}
+            sources = {k: None if v is None else v.to(dtype) for k, v in sources.items()}
+            return self._carry_in_dtype(tracked, local, sources, sens0)
+
+    def _carry_in_dtype(self, tracked, local: list, sources, sens0) -> dict[str, Tensor]:
         jh, d_gates, d_params = local
         local.clear()
         if self.carry_mode == "stepwise":
