@@ -116,7 +116,6 @@ class _DiagonalScan(torch.autograd.Function):
             if t0 == 0 and needs[2]:
                 g_c0 = jh[0] * part[0]
             del jh, d_gates, param_grad
-        ctx.derivs = None
         g_params = [None if g is None else g.reshape(shape) for g, shape in zip(g_params, ctx.shapes)]
         return (None, g_gates, g_c0, *g_params)
 
