@@ -18,7 +18,13 @@ from pathlib import Path
 from onlinerec.rl.train import main
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
-GAMES = {"breakout": "Breakout", "gravitar": "Gravitar", "mspacman": "MsPacman", "qbert": "Qbert", "seaquest": "Seaquest"}
+GAMES = {
+    "breakout": "Breakout",
+    "gravitar": "Gravitar",
+    "mspacman": "MsPacman",
+    "qbert": "Qbert",
+    "seaquest": "Seaquest",
+}
 
 if __name__ == "__main__":
     pre = argparse.ArgumentParser(add_help=False)

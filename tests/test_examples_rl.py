@@ -13,13 +13,41 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-TINY = ["--num_envs", "2", "--M", "4", "--hidden_size", "8", "--fc_size", "16", "--progress", "false",
-        "--tensorboard", "false", "--checkpoint_every", "2", "--eval_envs", "1", "--threads", "1", "--log_every", "1"]
+TINY = [
+    "--num_envs",
+    "2",
+    "--M",
+    "4",
+    "--hidden_size",
+    "8",
+    "--fc_size",
+    "16",
+    "--progress",
+    "false",
+    "--tensorboard",
+    "false",
+    "--checkpoint_every",
+    "2",
+    "--eval_envs",
+    "1",
+    "--threads",
+    "1",
+    "--log_every",
+    "1",
+]
 
 
 def run(script: str, *args: str, timeout: int = 180) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
 
 
 def check_outputs(out: Path, frames: int) -> dict:
@@ -32,8 +60,18 @@ def check_outputs(out: Path, frames: int) -> dict:
 
 def test_memory_example(tmp_path):
     out = tmp_path / "memory"
-    proc = run("memory.py", *TINY, "--out_dir", str(out), "--env_kwargs", '{"length": 3}', "--eval_episodes", "3",
-               "--total_frames", "48")
+    proc = run(
+        "memory.py",
+        *TINY,
+        "--out_dir",
+        str(out),
+        "--env_kwargs",
+        '{"length": 3}',
+        "--eval_episodes",
+        "3",
+        "--total_frames",
+        "48",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = check_outputs(out, 48)  # 48 frames = 6 updates of M * B = 8 steps
     assert result["updates"] == 6 and len(result["eval"]["returns"]) == 3
@@ -44,8 +82,19 @@ def test_example_plumbing_resumes_from_last_checkpoint(tmp_path):
     """The same command run again with a larger budget continues from last.ckpt (in-process, to stay fast)."""
     from onlinerec.rl.train import parse_config, run_experiment
 
-    args = [*TINY, "--out_dir", str(tmp_path), "--env_kwargs", '{"length": 3}', "--eval_episodes", "0",
-            "--env", "memory:tmaze", "--stem", "mlp"]
+    args = [
+        *TINY,
+        "--out_dir",
+        str(tmp_path),
+        "--env_kwargs",
+        '{"length": 3}',
+        "--eval_episodes",
+        "0",
+        "--env",
+        "memory:tmaze",
+        "--stem",
+        "mlp",
+    ]
     first = run_experiment(parse_config([*args, "--total_frames", "48"]))
     second = run_experiment(parse_config([*args, "--total_frames", "80"]))
     assert (first["updates"], first["frames"]) == (6, 48)
@@ -56,8 +105,22 @@ def test_example_plumbing_resumes_from_last_checkpoint(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("ale_py") is None, reason="ale-py is not installed")
 def test_atari_example(tmp_path):
     out = tmp_path / "atari"
-    proc = run("atari.py", "--game", "breakout", *TINY, "--stem", "nature", "--total_frames", "128",
-               "--eval_episodes", "1", "--eval_max_steps", "10", "--out_dir", str(out))
+    proc = run(
+        "atari.py",
+        "--game",
+        "breakout",
+        *TINY,
+        "--stem",
+        "nature",
+        "--total_frames",
+        "128",
+        "--eval_episodes",
+        "1",
+        "--eval_max_steps",
+        "10",
+        "--out_dir",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_outputs(out, 128)  # 128 frames = 4 updates of M * B * 4 frames
 
@@ -65,8 +128,20 @@ def test_atari_example(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("procgen") is None, reason="procgen (procgen-mirror) is not installed")
 def test_procgen_example(tmp_path):
     out = tmp_path / "procgen"
-    proc = run("procgen.py", *TINY, "--stem", "nature", "--total_frames", "32", "--eval_episodes", "1",
-               "--eval_max_steps", "10", "--out_dir", str(out))
+    proc = run(
+        "procgen.py",
+        *TINY,
+        "--stem",
+        "nature",
+        "--total_frames",
+        "32",
+        "--eval_episodes",
+        "1",
+        "--eval_max_steps",
+        "10",
+        "--out_dir",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_outputs(out, 32)
 
@@ -83,7 +158,9 @@ def test_config_yaml_and_overrides(tmp_path):
     from onlinerec.rl.r2ac import R2ACConfig
     from onlinerec.rl.train import ExperimentConfig, parse_config
 
-    cfg = parse_config(["--M", "7", "--r2ac.lr", "0.01", "--env_kwargs", '{"length": 9}'], EXAMPLES / "configs" / "atari_breakout.yaml")
+    cfg = parse_config(
+        ["--M", "7", "--r2ac.lr", "0.01", "--env_kwargs", '{"length": 9}'], EXAMPLES / "configs" / "atari_breakout.yaml"
+    )
     assert isinstance(cfg, ExperimentConfig) and isinstance(cfg.r2ac, R2ACConfig)
     assert cfg.env == "ALE/Breakout-v5" and cfg.M == 7 and cfg.num_envs == 32 and cfg.total_frames == 8e8
     assert cfg.r2ac.lr == 0.01 and cfg.r2ac.grad_clip == 40.0 and cfg.env_kwargs == {"length": 9}

@@ -14,7 +14,7 @@ from onlinerec.rl import R2AC, R2ACConfig, RolloutDataModule, make_stem
 from onlinerec.rl.envs import make_vector_env
 
 M, B = 4, 4
-ENV = dict(env="memory:tmaze", num_envs=B, env_kwargs=dict(length=3))
+ENV = {"env": "memory:tmaze", "num_envs": B, "env_kwargs": {"length": 3}}
 
 
 def tiny(cell="elstm", **kw):
@@ -25,14 +25,18 @@ def tiny(cell="elstm", **kw):
 def trainer(strategy, steps, **kw):
     kw.setdefault("logger", False)
     kw.setdefault("enable_checkpointing", False)
-    return L.Trainer(
-        strategy=strategy, max_steps=steps, enable_progress_bar=False, enable_model_summary=False, **kw
-    )
+    return L.Trainer(strategy=strategy, max_steps=steps, enable_progress_bar=False, enable_model_summary=False, **kw)
 
 
 @pytest.mark.parametrize(
     "strategy, cell",
-    [(RTRLStrategy, "elstm"), (TBPTTStrategy, "elstm"), (SnAPStrategy, "elstm"), (SnAPStrategy, "felstm"), (TBPTTStrategy, None)],
+    [
+        (RTRLStrategy, "elstm"),
+        (TBPTTStrategy, "elstm"),
+        (SnAPStrategy, "elstm"),
+        (SnAPStrategy, "felstm"),
+        (TBPTTStrategy, None),
+    ],
     ids=["rtrl", "tbptt", "snap", "snap-felstm", "feed-forward"],
 )
 def test_fit_each_strategy(strategy, cell):

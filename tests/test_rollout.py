@@ -3,6 +3,8 @@ learner's carry equal to the actor's state (checked against a step-by-step refer
 
 from __future__ import annotations
 
+import itertools
+
 import gymnasium as gym
 import lightning as L
 import numpy as np
@@ -82,8 +84,17 @@ def test_reset_flags_mark_episode_starts_at_every_position():
 
 def test_overlap_entry_zero_repeats_previous_last_entry():
     _, segments = collect(4)
-    for prev, seg in zip(segments, segments[1:]):
-        for name in ("inputs", "reset", "rewards", "actions", "behaviour_logits", "behaviour_logp", "episode_end", "episode_return"):
+    for prev, seg in itertools.pairwise(segments):
+        for name in (
+            "inputs",
+            "reset",
+            "rewards",
+            "actions",
+            "behaviour_logits",
+            "behaviour_logp",
+            "episode_end",
+            "episode_return",
+        ):
             assert torch.equal(getattr(seg, name)[0], getattr(prev, name)[-1]), name
 
 
@@ -93,8 +104,14 @@ def test_actions_and_logits_lead_to_the_entry_that_stores_them():
     for seg in segments:
         for t in range(M):  # the actor sees entries 0..M-1 of every segment, in order
             obs, reward, reset = next(calls)
-            assert torch.equal(obs, seg.inputs[t]) and torch.equal(reward, seg.rewards[t]) and torch.equal(reset, seg.reset[t])
-        assert torch.equal(seg.rewards[1:], seg.actions[1:].float() + 1.0)  # reward at t+1 came from action stored at t+1
+            assert (
+                torch.equal(obs, seg.inputs[t])
+                and torch.equal(reward, seg.rewards[t])
+                and torch.equal(reset, seg.reset[t])
+            )
+        assert torch.equal(
+            seg.rewards[1:], seg.actions[1:].float() + 1.0
+        )  # reward at t+1 came from action stored at t+1
         logp = torch.log_softmax(seg.behaviour_logits[1:], -1).gather(-1, seg.actions[1:, :, None]).squeeze(-1)
         torch.testing.assert_close(seg.behaviour_logp[1:], logp)
     assert next(calls, None) is None
@@ -181,8 +198,13 @@ def test_learner_carry_equals_actor_state_while_training(strategy):
     dm = RolloutDataModule(lambda n, s: make_env(LENGTHS[:n]), num_envs=len(LENGTHS))
     params0 = [p.detach().clone() for p in model.parameters()]
     trainer = L.Trainer(
-        strategy=strategy(M=M), max_steps=6, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[Check()],
+        strategy=strategy(M=M),
+        max_steps=6,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Check()],
     )
     trainer.fit(model, dm)
     assert checked == list(range(6))
@@ -193,6 +215,8 @@ def test_learner_carry_equals_actor_state_while_training(strategy):
 def test_datamodule_needs_an_online_strategy():
     model = tiny_model()
     dm = RolloutDataModule(lambda n, s: make_env(LENGTHS[:n]), num_envs=2)
-    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+    )
     with pytest.raises(RuntimeError, match="strategy"):
         trainer.fit(model, dm)

@@ -34,7 +34,7 @@ def reference(blogp, tlogp, rewards, discounts, values, bootstrap, clip_rho, cli
 
 def problem(t_len=9, b_len=4, seed=0, done_at=None):
     gen = torch.Generator().manual_seed(seed)
-    kw = dict(generator=gen, dtype=torch.float64)
+    kw = {"generator": gen, "dtype": torch.float64}
     blogp = -torch.rand(t_len, b_len, **kw) * 2
     tlogp = -torch.rand(t_len, b_len, **kw) * 2  # ratios on both sides of 1
     rewards = torch.randn(t_len, b_len, **kw)

@@ -15,12 +15,12 @@ from onlinerec.rl.rollout import Actor, RolloutDataModule, RolloutSegment, Rollo
 from onlinerec.rl.vtrace import vtrace
 
 __all__ = [
+    "R2AC",
     "STEMS",
     "Actor",
     "ImpalaStem",
     "MLPStem",
     "NatureStem",
-    "R2AC",
     "R2ACConfig",
     "RolloutDataModule",
     "RolloutSegment",

@@ -6,7 +6,7 @@ from ``obs_shape``. Image stems take uint8 channels-first frames and scale them 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -33,10 +33,14 @@ class ImpalaStem(nn.Module):
     then ReLU -> flatten -> Linear(-> out_features) -> ReLU. Atari (4,84,84) flattens to 3872, DMLab (3,72,96) to
     3456, ProcGen (3,64,64) to 2048."""
 
-    def __init__(self, obs_shape: tuple[int, ...], out_features: int = 256, channels: tuple[int, ...] = (16, 32, 32)) -> None:
+    def __init__(
+        self, obs_shape: tuple[int, ...], out_features: int = 256, channels: tuple[int, ...] = (16, 32, 32)
+    ) -> None:
         super().__init__()
         if len(obs_shape) != 3:
-            raise ValueError(f"ImpalaStem needs channels-first image observations (C, H, W); got shape {tuple(obs_shape)}.")
+            raise ValueError(
+                f"ImpalaStem needs channels-first image observations (C, H, W); got shape {tuple(obs_shape)}."
+            )
         layers: list[nn.Module] = []
         c_in = obs_shape[0]
         for c_out in channels:
@@ -64,7 +68,9 @@ class NatureStem(nn.Module):
     def __init__(self, obs_shape: tuple[int, ...], out_features: int = 256) -> None:
         super().__init__()
         if len(obs_shape) != 3:
-            raise ValueError(f"NatureStem needs channels-first image observations (C, H, W); got shape {tuple(obs_shape)}.")
+            raise ValueError(
+                f"NatureStem needs channels-first image observations (C, H, W); got shape {tuple(obs_shape)}."
+            )
         self.convs = nn.Sequential(
             nn.Conv2d(obs_shape[0], 32, 8, stride=4),
             nn.ReLU(),

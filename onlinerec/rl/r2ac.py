@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -101,7 +102,9 @@ class R2AC(OnlineRecurrentModule):
         else:
             cell_obj = cell
         if cell_obj is not None and cell_obj.input_size != core_in:
-            raise ValueError(f"the cell's input_size is {cell_obj.input_size} but R2AC feeds it fc_size + 1 = {core_in} features.")
+            raise ValueError(
+                f"the cell's input_size is {cell_obj.input_size} but R2AC feeds it fc_size + 1 = {core_in} features."
+            )
         if isinstance(config, dict):
             config = R2ACConfig(**config)
         self.config = config or R2ACConfig()
@@ -152,7 +155,9 @@ class R2AC(OnlineRecurrentModule):
         return self.policy(h), self.baseline(h).squeeze(-1)
 
     @torch.no_grad()
-    def act(self, obs: Tensor, reward: Tensor, reset: Tensor, *, greedy: bool = False, stream: str = "act") -> tuple[Tensor, Tensor]:
+    def act(
+        self, obs: Tensor, reward: Tensor, reset: Tensor, *, greedy: bool = False, stream: str = "act"
+    ) -> tuple[Tensor, Tensor]:
         """One agent step for B streams (the :class:`~onlinerec.rl.rollout.Actor` step): advances the carried
         state of ``stream`` (zeroed first where ``reset``) and returns (actions (B,), logits (B, A)). Samples
         from softmax(logits), or takes the argmax when ``greedy``."""
@@ -249,7 +254,9 @@ class R2AC(OnlineRecurrentModule):
     @override
     def configure_optimizers(self) -> Any:
         cfg = self.config
-        opt = torch.optim.RMSprop(self.parameters(), lr=cfg.lr, alpha=cfg.rms_alpha, eps=cfg.rms_eps, momentum=cfg.rms_momentum)
+        opt = torch.optim.RMSprop(
+            self.parameters(), lr=cfg.lr, alpha=cfg.rms_alpha, eps=cfg.rms_eps, momentum=cfg.rms_momentum
+        )
         total = cfg.total_updates
         if total is None and self._trainer is not None and self.trainer.max_steps and self.trainer.max_steps > 0:
             total = self.trainer.max_steps
@@ -262,11 +269,18 @@ class R2AC(OnlineRecurrentModule):
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         clip = self.config.grad_clip if gradient_clip_val is None else gradient_clip_val
         if clip and clip > 0:
-            self.clip_gradients(optimizer, gradient_clip_val=clip, gradient_clip_algorithm=gradient_clip_algorithm or "norm")
+            self.clip_gradients(
+                optimizer, gradient_clip_val=clip, gradient_clip_algorithm=gradient_clip_algorithm or "norm"
+            )
 
     # -- evaluation ---------------------------------------------------------------------------------
+    def _as_tensor(self, array: Any, dtype: Any = None) -> Tensor:
+        return torch.as_tensor(np.asarray(array, dtype=dtype), device=self.device)
+
     @torch.no_grad()
-    def evaluate(self, env: Any, num_episodes: int = 10, *, greedy: bool = True, max_steps: int | None = None) -> dict[str, Any]:
+    def evaluate(
+        self, env: Any, num_episodes: int = 10, *, greedy: bool = True, max_steps: int | None = None
+    ) -> dict[str, Any]:
         """Play ``num_episodes`` real episodes on a vector env (SAME_STEP autoreset), greedy (argmax) by default.
 
         The streams share the episodes: each env contributes ``ceil(num_episodes / num_envs)`` at most, so
@@ -291,8 +305,13 @@ class R2AC(OnlineRecurrentModule):
             step = 0
             while len(returns) < num_episodes and (max_steps is None or step < max_steps):
                 step += 1
-                t = lambda a, dt=None: torch.as_tensor(np.asarray(a, dtype=dt), device=self.device)  # noqa: E731
-                actions, _ = self.act(t(obs), t(reward, np.float32), t(reset, bool), greedy=greedy, stream="eval")
+                actions, _ = self.act(
+                    self._as_tensor(obs),
+                    self._as_tensor(reward, np.float32),
+                    self._as_tensor(reset, bool),
+                    greedy=greedy,
+                    stream="eval",
+                )
                 obs, reward, terminated, truncated, info = env.step(actions.cpu().numpy())
                 reset = np.logical_or(terminated, truncated)
                 if "episode_end" in info:

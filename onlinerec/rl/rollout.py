@@ -21,8 +21,9 @@ equal (up to float rounding), and the learner's RTRL sensitivities are exact for
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
 import numpy as np
@@ -39,7 +40,9 @@ __all__ = ["Actor", "RolloutDataModule", "RolloutSegment", "RolloutStream", "def
 class Actor(Protocol):
     """What a rollout needs from the agent (R2AC implements it)."""
 
-    def act(self, obs: Tensor, reward: Tensor, reset: Tensor, *, greedy: bool = False, stream: str = "act") -> tuple[Tensor, Tensor]:
+    def act(
+        self, obs: Tensor, reward: Tensor, reset: Tensor, *, greedy: bool = False, stream: str = "act"
+    ) -> tuple[Tensor, Tensor]:
         """One agent step for B streams: obs (B, ...), last reward (B,), reset (B,) bool (obs starts an episode:
         zero the carried state first) -> (actions (B,) int64, logits (B, A)). Advances the carried state of
         ``stream``; runs without gradient."""
@@ -89,7 +92,15 @@ class RolloutSegment(Segment):
         t, b = self.inputs.shape[:2]
         if t < 2:
             raise ValueError(f"a RolloutSegment needs M + 1 >= 2 entries (M >= 1), got {t}.")
-        for name in ("rewards", "actions", "behaviour_logits", "behaviour_logp", "episode_end", "episode_return", "episode_length"):
+        for name in (
+            "rewards",
+            "actions",
+            "behaviour_logits",
+            "behaviour_logp",
+            "episode_end",
+            "episode_return",
+            "episode_length",
+        ):
             value = getattr(self, name)
             if not isinstance(value, Tensor) or tuple(value.shape[:2]) != (t, b):
                 got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
@@ -122,7 +133,9 @@ class RolloutStream:
         frames: initial frame counter (resuming).
     """
 
-    def __init__(self, env: Any, agent: Actor, action_repeat: int = 1, device: torch.device | str | None = None, frames: int = 0) -> None:
+    def __init__(
+        self, env: Any, agent: Actor, action_repeat: int = 1, device: torch.device | str | None = None, frames: int = 0
+    ) -> None:
         self.env = env
         self.agent = agent
         self.action_repeat = int(action_repeat)
@@ -154,7 +167,17 @@ class RolloutStream:
         zeros = np.zeros(b)
         uniform = torch.zeros(b, n)
         logp = torch.full((b,), -math.log(n))
-        return self._entry(obs, zeros, np.ones(b, bool), torch.zeros(b, dtype=torch.int64), uniform, logp, zeros.astype(bool), zeros, zeros)
+        return self._entry(
+            obs,
+            zeros,
+            np.ones(b, bool),
+            torch.zeros(b, dtype=torch.int64),
+            uniform,
+            logp,
+            zeros.astype(bool),
+            zeros,
+            zeros,
+        )
 
     def _episode_stats(self, reward, done, info) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if "episode_end" in info:
@@ -269,7 +292,11 @@ class RolloutDataModule(L.LightningDataModule):
         """(observation shape, number of actions, frames per agent step) of one stream, from a throwaway env."""
         env = self.make_env(1, self.seed)
         try:
-            return tuple(env.single_observation_space.shape), int(env.single_action_space.n), self.resolve_action_repeat(env)
+            return (
+                tuple(env.single_observation_space.shape),
+                int(env.single_action_space.n),
+                self.resolve_action_repeat(env),
+            )
         finally:
             getattr(env, "close", lambda: None)()
 
@@ -287,12 +314,12 @@ class RolloutDataModule(L.LightningDataModule):
         """M, from the trainer's strategy."""
         trainer = self.trainer
         m = getattr(getattr(trainer, "strategy", None), "M", None)
-        if not isinstance(m, int):
+        if m is None:
             raise RuntimeError(
                 "RolloutDataModule reads M from the trainer's strategy: use Trainer(strategy=RTRLStrategy(M=...)) "
                 "(or TBPTTStrategy / SnAPStrategy, also for a feed-forward agent)."
             )
-        return m
+        return int(m)
 
     @property
     def frames(self) -> int:
@@ -305,7 +332,9 @@ class RolloutDataModule(L.LightningDataModule):
         if self.stream is None:
             agent = trainer.lightning_module
             if not isinstance(agent, Actor):
-                raise TypeError(f"{type(agent).__name__} has no act(obs, reward, reset) step; RolloutDataModule needs one (see onlinerec.rl.Actor).")
+                raise TypeError(
+                    f"{type(agent).__name__} has no act(obs, reward, reset) step; RolloutDataModule needs one (see onlinerec.rl.Actor)."
+                )
             rank = trainer.global_rank
             seed = self.seed + rank * self.num_envs + 1_000_003 * self._restarts
             env = self.make_env(self.num_envs, seed)

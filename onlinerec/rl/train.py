@@ -14,9 +14,10 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from onlinerec.rl.r2ac import R2ACConfig
 
@@ -88,11 +89,15 @@ class ExperimentConfig:
     """Lightning accelerator ("cpu", "gpu", "auto")."""
 
 
-def parse_config(argv: Sequence[str] | None = None, default_config: str | Path | None = None, description: str = "") -> ExperimentConfig:
+def parse_config(
+    argv: Sequence[str] | None = None, default_config: str | Path | None = None, description: str = ""
+) -> ExperimentConfig:
     """Parse ``--config file.yaml`` plus field overrides (``--M 5 --r2ac.lr 1e-3``) into an ExperimentConfig."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
-    parser = ArgumentParser(description=description, default_config_files=[str(default_config)] if default_config else None)
+    parser = ArgumentParser(
+        description=description, default_config_files=[str(default_config)] if default_config else None
+    )
     parser.add_argument("--config", action=ActionConfigFile, help="YAML file with any of the fields below.")
     parser.add_class_arguments(ExperimentConfig, as_group=False)
     cfg = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -162,7 +167,10 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    for noise in (".*IterableDataset. has .__len__. defined.*", ".*defined a .validation_step. but have no .val_dataloader.*"):
+    for noise in (
+        ".*IterableDataset. has .__len__. defined.*",
+        ".*defined a .validation_step. but have no .val_dataloader.*",
+    ):
         warnings.filterwarnings("ignore", message=noise)  # the rollout loader is sized on purpose (no prefetch)
     L.seed_everything(cfg.seed, verbose=False)
     out = Path(cfg.out_dir)
@@ -177,7 +185,9 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
         except ModuleNotFoundError:
             pass
     ckpt_dir = out / "checkpoints"
-    callbacks: list[Any] = [ModelCheckpoint(dirpath=ckpt_dir, save_last=True, save_top_k=0, every_n_train_steps=cfg.checkpoint_every)]
+    callbacks: list[Any] = [
+        ModelCheckpoint(dirpath=ckpt_dir, save_last=True, save_top_k=0, every_n_train_steps=cfg.checkpoint_every)
+    ]
     if cfg.progress:
         try:
             callbacks.append(RichProgressBar(leave=True))
@@ -199,14 +209,22 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     start = time.perf_counter()
     trainer.fit(model, dm, ckpt_path=str(last) if cfg.resume and last.exists() else None)
     trainer.save_checkpoint(last)
-    result: dict[str, Any] = {"frames": model.frames, "updates": trainer.global_step, "train_seconds": time.perf_counter() - start}
+    result: dict[str, Any] = {
+        "frames": model.frames,
+        "updates": trainer.global_step,
+        "train_seconds": time.perf_counter() - start,
+    }
     if "return" in trainer.callback_metrics:
         result["train_return"] = float(trainer.callback_metrics["return"])
 
     if cfg.eval_episodes > 0:
-        env = make_vector_env(cfg.env, cfg.eval_envs, seed=cfg.seed + 10_000, **{**cfg.env_kwargs, **cfg.eval_env_kwargs})
+        env = make_vector_env(
+            cfg.env, cfg.eval_envs, seed=cfg.seed + 10_000, **{**cfg.env_kwargs, **cfg.eval_env_kwargs}
+        )
         try:
-            result["eval"] = model.evaluate(env, cfg.eval_episodes, greedy=cfg.eval_greedy, max_steps=cfg.eval_max_steps)
+            result["eval"] = model.evaluate(
+                env, cfg.eval_episodes, greedy=cfg.eval_greedy, max_steps=cfg.eval_max_steps
+            )
         finally:
             env.close()
     (out / "eval.json").write_text(json.dumps(result, indent=2))
@@ -253,7 +271,11 @@ def load_curve(run_dir: str | Path, metric: str = "return") -> tuple[list[float]
 
 
 def plot_learning_curves(
-    runs: dict[str, Sequence[str | Path]], path: str | Path, title: str = "", metric: str = "return", baseline: float | None = None
+    runs: dict[str, Sequence[str | Path]],
+    path: str | Path,
+    title: str = "",
+    metric: str = "return",
+    baseline: float | None = None,
 ) -> Path:
     """One curve per label (mean over its runs, with min-max band when there are several) of ``metric`` vs frames."""
     import matplotlib

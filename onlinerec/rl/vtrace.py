@@ -48,9 +48,13 @@ def vtrace(
     """
     shapes = {t.shape for t in (behaviour_logp, target_logp, rewards, discounts, values)}
     if len(shapes) != 1 or len(next(iter(shapes))) != 2:
-        raise ValueError(f"vtrace needs time-major (T, B) tensors of one shape; got shapes {sorted(map(tuple, shapes))}.")
+        raise ValueError(
+            f"vtrace needs time-major (T, B) tensors of one shape; got shapes {sorted(map(tuple, shapes))}."
+        )
     if tuple(bootstrap_value.shape) != tuple(values.shape[1:]):
-        raise ValueError(f"bootstrap_value must have shape (B,) = {tuple(values.shape[1:])}; got {tuple(bootstrap_value.shape)}.")
+        raise ValueError(
+            f"bootstrap_value must have shape (B,) = {tuple(values.shape[1:])}; got {tuple(bootstrap_value.shape)}."
+        )
     rhos = torch.exp(target_logp - behaviour_logp)
     clipped_rhos = rhos if clip_rho is None else rhos.clamp(max=clip_rho)
     cs = rhos if clip_c is None else rhos.clamp(max=clip_c)
