@@ -38,7 +38,8 @@ TINY = [
 
 
 def run(script: str, *args: str, timeout: int = 180) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)  # also without pip install
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     return subprocess.run(
         [sys.executable, str(EXAMPLES / script), *args],
         check=False,
