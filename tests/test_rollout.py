@@ -220,3 +220,39 @@ def test_datamodule_needs_an_online_strategy():
     )
     with pytest.raises(RuntimeError, match="strategy"):
         trainer.fit(model, dm)
+
+
+@pytest.mark.parametrize("method", ["rtrl", "snap"])
+def test_r2ac_cell_gradient_over_segments_equals_bptt_over_the_stream(method):
+    """With fixed weights, the cell's gradient accumulated over consecutive segments (each entry processed once in
+    the learner's chain; entry M only bootstraps) equals full BPTT through the concatenated stream (float64)."""
+    from onlinerec.module import _METHODS
+
+    model = tiny_model(method=_METHODS[method]()).double()
+    stream = RolloutStream(make_env(LENGTHS), model)
+    gen = torch.Generator().manual_seed(3)
+    segments, weights = [], []
+    model.zero_grad()
+    for _ in range(4):
+        seg = stream.next_segment(M)
+        w = torch.randn(M, len(LENGTHS), 3, generator=gen, dtype=torch.float64)
+        logits, _, _ = model.learner_outputs(seg)
+        (w * logits).sum().backward()
+        segments.append(seg)
+        weights.append(w)
+    got = {k: p.grad.clone() for k, p in model.cell.named_parameters() if p.grad is not None}
+
+    model.zero_grad()
+    with torch.no_grad():
+        x = torch.cat([model.features(s.inputs, s.rewards)[:M] for s in segments])  # entries 0..M-1 of each segment
+    reset = torch.cat([s.reset[:M] for s in segments])
+    c = torch.zeros(x.shape[1], model.cell.hidden_size, dtype=torch.float64)
+    out = []
+    for t in range(x.shape[0]):
+        c = model.cell(x[t], c * (~reset[t]).double().unsqueeze(-1))
+        out.append(model.policy(model.cell.readout(c, x[t])))
+    (torch.cat(weights) * torch.stack(out)).sum().backward()
+    expected = {k: p.grad.clone() for k, p in model.cell.named_parameters() if p.grad is not None}
+    assert got.keys() == expected.keys()
+    for k, value in expected.items():
+        torch.testing.assert_close(got[k], value, rtol=1e-9, atol=1e-12)

@@ -14,8 +14,8 @@ from torch import Tensor, nn
 __all__ = ["STEMS", "ImpalaStem", "MLPStem", "NatureStem", "make_stem"]
 
 
-def _as_float_image(obs: Tensor) -> Tensor:
-    return obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+def _as_float_image(obs: Tensor, dtype: torch.dtype) -> Tensor:
+    return obs.to(dtype) / 255.0 if obs.dtype == torch.uint8 else obs.to(dtype)
 
 
 class _ResidualBlock(nn.Module):
@@ -57,7 +57,7 @@ class ImpalaStem(nn.Module):
         self.out_features = out_features
 
     def forward(self, obs: Tensor) -> Tensor:
-        x = torch.relu(self.convs(_as_float_image(obs)))
+        x = torch.relu(self.convs(_as_float_image(obs, self.fc.weight.dtype)))
         return torch.relu(self.fc(x.flatten(1)))
 
 
@@ -84,7 +84,7 @@ class NatureStem(nn.Module):
         self.out_features = out_features
 
     def forward(self, obs: Tensor) -> Tensor:
-        return torch.relu(self.fc(self.convs(_as_float_image(obs)).flatten(1)))
+        return torch.relu(self.fc(self.convs(_as_float_image(obs, self.fc.weight.dtype)).flatten(1)))
 
 
 class MLPStem(nn.Module):
@@ -100,7 +100,7 @@ class MLPStem(nn.Module):
         self.out_features = out_features
 
     def forward(self, obs: Tensor) -> Tensor:
-        return torch.relu(self.fc(obs.float().flatten(1)))
+        return torch.relu(self.fc(obs.to(self.fc.weight.dtype).flatten(1)))
 
 
 def _flat_size(convs: nn.Module, obs_shape: tuple[int, ...]) -> int:
