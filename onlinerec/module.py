@@ -35,15 +35,15 @@ class OnlineRecurrentModule(L.LightningModule):
     to the cell's inputs (an embedding, a vision stem). Everything below the cell gets within-segment backprop.
 
     Args:
-        cell: the recurrent cell.
+        cell: the recurrent cell, or None for a feed-forward baseline (outputs = ``encode(inputs)``; no carried state).
         lr: learning rate of the default Adam optimizer (override :meth:`configure_optimizers` for others).
         method: a gradient method or its alias ("rtrl", "tbptt", "snap"); None takes the trainer's.
     """
 
-    def __init__(self, cell: ElementwiseCell, lr: float = 1e-3, method: GradientMethod | str | None = None) -> None:
+    def __init__(self, cell: ElementwiseCell | None, lr: float = 1e-3, method: GradientMethod | str | None = None) -> None:
         super().__init__()
-        if not isinstance(cell, ElementwiseCell):
-            raise TypeError(f"cell must be an onlinerec ElementwiseCell, got {type(cell).__name__}.")
+        if cell is not None and not isinstance(cell, ElementwiseCell):
+            raise TypeError(f"cell must be an onlinerec ElementwiseCell (or None for a feed-forward model), got {type(cell).__name__}.")
         self.cell = cell
         self.lr = lr
         if isinstance(method, str):
@@ -85,6 +85,8 @@ class OnlineRecurrentModule(L.LightningModule):
         The "train" streams use the gradient method; any other stream runs without sensitivities
         (evaluation needs no gradient through time). Each stream name has its own carried state.
         """
+        if self.cell is None:
+            raise RuntimeError(f"{type(self).__name__} has no cell (a feed-forward model): there is nothing to unroll.")
         method = self.method if stream == "train" else _EVAL
         b = inputs.shape[1] if inputs.dim() >= 2 else -1
         carry = self._carries.get(stream)
@@ -116,6 +118,21 @@ class OnlineRecurrentModule(L.LightningModule):
         fresh = method.init_carry(self.cell, carry.batch_size, device=carry.c.device, dtype=carry.c.dtype)
         return Carry(carry.c, carry.window, fresh.sensitivities)
 
+    def carry(self, stream: str = "train") -> Carry | None:
+        """The carried state of ``stream`` after the last segment (None before the first)."""
+        return self._carries.get(stream)
+
+    @torch.no_grad()
+    def lookahead(self, inputs: Tensor, reset: Tensor, stream: str = "train") -> Tensor:
+        """States (M, B, N) of the steps that follow ``stream``'s last segment, without gradient and without
+        advancing its carried state (e.g. the state behind an RL bootstrap value)."""
+        if self.cell is None:
+            raise RuntimeError(f"{type(self).__name__} has no cell (a feed-forward model): there is nothing to unroll.")
+        carry = self._carries.get(stream)
+        if carry is None or carry.batch_size != inputs.shape[1]:
+            carry = _EVAL.init_carry(self.cell, inputs.shape[1])
+        return _EVAL.unroll(self.cell, inputs, reset, Carry(carry.c.to(inputs.device), None if carry.window is None else carry.window.to(inputs.device)))[0]
+
     def reset_streams(self, stream: str | None = None) -> None:
         """Forget the carried state of one stream name (or of all)."""
         if stream is None:
@@ -127,6 +144,8 @@ class OnlineRecurrentModule(L.LightningModule):
     def forward(self, inputs: Tensor, reset: Tensor, stream: str = "train") -> Tensor:
         """Outputs (M, B, ...) = readout of the unrolled states, for one segment of raw inputs."""
         x = self.encode(inputs)
+        if self.cell is None:  # feed-forward baseline
+            return x
         return self.cell.readout(self.unroll(x, reset, stream), x)
 
     # -- what a subclass writes ----------------------------------------------------------

@@ -187,3 +187,33 @@ def test_validate_and_test_run_with_the_onlinerec_strategies(strategy):
     loader = DataLoader(RandomStreams(4), batch_size=None)
     assert "val/loss" in t.validate(model, loader, verbose=False)[0]
     assert "test/loss" in t.test(model, loader, verbose=False)[0]
+
+
+def test_feed_forward_module_trains_without_a_cell():
+    class FeedForward(OnlineRecurrentModule):
+        def __init__(self):
+            super().__init__(None, lr=1e-2)
+            self.net = torch.nn.Linear(2, 1)
+
+        def encode(self, inputs):
+            return self.net(inputs)
+
+        def segment_loss(self, outputs, segment):
+            return torch.nn.functional.mse_loss(outputs, segment.targets)
+
+    model = FeedForward()
+    before = model.net.weight.clone()
+    trainer("tbptt", fast_dev_run=2).fit(model, DataLoader(RandomStreams(4), batch_size=None))
+    assert not torch.equal(before, model.net.weight) and model.carry() is None
+
+
+def test_lookahead_leaves_the_carried_state_untouched():
+    torch.manual_seed(0)
+    model = Regressor()
+    model._method_override = RTRL()
+    seg = next(iter(RandomStreams(6)))
+    model.unroll(seg.inputs[:4], seg.reset[:4])
+    saved = model.carry()
+    ahead = model.lookahead(seg.inputs[4:], seg.reset[4:])
+    assert model.carry() is saved and not ahead.requires_grad
+    torch.testing.assert_close(ahead, model.unroll(seg.inputs[4:], seg.reset[4:]))
