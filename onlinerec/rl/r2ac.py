@@ -22,8 +22,7 @@ from torch import Tensor, nn
 from torchmetrics.aggregation import RunningMean
 from typing_extensions import override
 
-from onlinerec.cells import ElementwiseCell, ELSTMCell, make_cell
-from onlinerec.gradients import TBPTT
+from onlinerec.cells import ElementwiseCell, make_cell
 from onlinerec.module import OnlineRecurrentModule
 from onlinerec.rl.nets import make_stem
 from onlinerec.rl.rollout import RolloutSegment
@@ -31,7 +30,6 @@ from onlinerec.rl.vtrace import vtrace
 
 __all__ = ["R2AC", "R2ACConfig"]
 
-_NO_GRAD_STEP = TBPTT()
 _CKPT_KEY = "onlinerec_rl"
 
 
@@ -108,10 +106,7 @@ class R2AC(OnlineRecurrentModule):
         if isinstance(config, dict):
             config = R2ACConfig(**config)
         self.config = config or R2ACConfig()
-        # OnlineRecurrentModule requires a cell; the feed-forward agent passes a placeholder and drops it (see report).
-        super().__init__(cell_obj if cell_obj is not None else ELSTMCell(1, 1), lr=self.config.lr)
-        if cell_obj is None:
-            self.cell = None  # type: ignore[assignment]
+        super().__init__(cell_obj, lr=self.config.lr)
         self.save_hyperparameters(
             {
                 "num_actions": num_actions,
@@ -162,11 +157,7 @@ class R2AC(OnlineRecurrentModule):
         state of ``stream`` (zeroed first where ``reset``) and returns (actions (B,), logits (B, A)). Samples
         from softmax(logits), or takes the argmax when ``greedy``."""
         x = self.features(obs.unsqueeze(0), reward.unsqueeze(0))
-        if self.feed_forward:
-            h = x[0]
-        else:
-            h = self.cell.readout(self.unroll(x, reset.unsqueeze(0).bool(), stream)[0], x[0])
-        logits, _ = self.heads(h)
+        logits, _ = self.heads(self(x, reset.unsqueeze(0).bool(), stream)[0])
         if greedy:
             return logits.argmax(-1), logits
         return torch.multinomial(torch.softmax(logits.float(), -1), 1).squeeze(-1), logits
@@ -177,18 +168,11 @@ class R2AC(OnlineRecurrentModule):
         entry M (no grad). Advances the "train" carry over entries 0..M-1 only (module docstring of rollout)."""
         m = segment.length - 1
         x = self.features(segment.inputs, segment.rewards)
-        if self.feed_forward:
-            h, h_boot = x[:m], x[m].detach()
-        else:
-            states = self.unroll(x[:m], segment.reset[:m], "train")
-            h = self.cell.readout(states, x[:m])
-            with torch.no_grad():
-                carry = self._carries["train"]
-                boot, _ = _NO_GRAD_STEP.unroll(self.cell, x[m:].detach(), segment.reset[m:], carry)
-                h_boot = self.cell.readout(boot[0], x[m].detach())
-        logits, values = self.heads(h)
+        logits, values = self.heads(self(x[:m], segment.reset[:m], "train"))
         with torch.no_grad():
-            _, bootstrap = self.heads(h_boot)
+            x_boot = x[m:].detach()
+            h_boot = x_boot if self.feed_forward else self.cell.readout(self.lookahead(x_boot, segment.reset[m:]), x_boot)
+            _, bootstrap = self.heads(h_boot[0])
         return logits, values, bootstrap
 
     def losses(self, segment: RolloutSegment) -> dict[str, Tensor]:
