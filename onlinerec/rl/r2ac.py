@@ -170,8 +170,9 @@ class R2AC(OnlineRecurrentModule):
         x = self.features(segment.inputs, segment.rewards)
         logits, values = self.heads(self(x[:m], segment.reset[:m], "train"))
         with torch.no_grad():
-            x_boot = x[m:].detach()
-            h_boot = x_boot if self.feed_forward else self.cell.readout(self.lookahead(x_boot, segment.reset[m:]), x_boot)
+            h_boot = x[m:].detach()  # entry M, from the carry at the segment's end, which stays where it is
+            if not self.feed_forward:
+                h_boot = self.cell.readout(self.lookahead(h_boot, segment.reset[m:]), h_boot)
             _, bootstrap = self.heads(h_boot[0])
         return logits, values, bootstrap
 
