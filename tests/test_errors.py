@@ -200,7 +200,6 @@ def test_unknown_env_id_lists_the_known_families():
         rl.RolloutDataModule("ALE-Pong", num_envs=2).env_spaces()
 
 
-@pytest.mark.xfail(reason="needs a num_actions check where RolloutDataModule meets the agent (onlinerec/rl, reported)", strict=False)
 def test_num_actions_not_matching_the_env_is_refused():
     rl = pytest.importorskip("onlinerec.rl")
     model = rl.R2AC(5, (4,), cell="elstm", hidden_size=8, stem="mlp", fc_size=8)  # memory:tmaze has 2 actions

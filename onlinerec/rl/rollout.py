@@ -33,7 +33,14 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from onlinerec.data.segment import Segment
 
-__all__ = ["Actor", "RolloutDataModule", "RolloutSegment", "RolloutStream", "default_action_repeat"]
+__all__ = [
+    "Actor",
+    "RolloutDataModule",
+    "RolloutSegment",
+    "RolloutStream",
+    "check_agent_fits_env",
+    "default_action_repeat",
+]
 
 
 @runtime_checkable
@@ -117,6 +124,31 @@ def default_action_repeat(env_id: str) -> int:
     return 4 if env_id.startswith(("ALE/", "dmlab:")) else 1
 
 
+def check_agent_fits_env(agent: Any, env: Any) -> None:
+    """Refuse an agent built for another action count or observation shape than ``env``'s (one stream's spaces).
+
+    Reads ``agent.num_actions`` and ``agent.obs_shape`` where the agent has them (R2AC does).
+    """
+    env_name = (getattr(env, "metadata", None) or {}).get("env_id") or type(env).__name__
+    fix = (
+        "build the agent from the env's spaces: RolloutDataModule(...).env_spaces() returns (obs_shape, num_actions, _)"
+    )
+    want = getattr(agent, "num_actions", None)
+    have = getattr(getattr(env, "single_action_space", None), "n", None)
+    if want is not None and have is not None and int(want) != int(have):
+        raise ValueError(
+            f"the agent has num_actions = {int(want)} but {env_name} has {int(have)} actions (single_action_space.n): "
+            f"{fix}, e.g. R2AC(num_actions={int(have)}, ...)."
+        )
+    want_shape = getattr(agent, "obs_shape", None)
+    have_shape = getattr(getattr(env, "single_observation_space", None), "shape", None)
+    if want_shape is not None and have_shape is not None and tuple(want_shape) != tuple(have_shape):
+        raise ValueError(
+            f"the agent's stem expects observations of shape obs_shape = {tuple(want_shape)} but {env_name} gives "
+            f"{tuple(have_shape)}: {fix}, e.g. R2AC(..., obs_shape={tuple(have_shape)})."
+        )
+
+
 EnvFactory = Callable[[int, int], Any]
 """``factory(num_envs, seed) -> gymnasium.vector.VectorEnv`` (SAME_STEP autoreset, discrete actions)."""
 
@@ -127,7 +159,8 @@ class RolloutStream:
     Args:
         env: a vector env (SAME_STEP autoreset: when an episode ends at a step, that step's observation is
             the next episode's first and ``terminated | truncated`` is True).
-        agent: the :class:`Actor` (called under ``no_grad`` with tensors on ``device``).
+        agent: the :class:`Actor` (called under ``no_grad`` with tensors on ``device``); its ``num_actions`` and
+            ``obs_shape``, where it has them, must match the env's (:func:`check_agent_fits_env`).
         action_repeat: frames per agent step, for the frame counter.
         device: where observations go before ``agent.act``; None: the agent's ``device`` attribute, else CPU.
         frames: initial frame counter (resuming).
@@ -142,6 +175,7 @@ class RolloutStream:
         self.device = torch.device(device) if device is not None else getattr(agent, "device", torch.device("cpu"))
         self.frames = int(frames)
         self.num_envs = int(env.num_envs)
+        check_agent_fits_env(agent, env)
         self._last: dict[str, Tensor] | None = None
         self._returns = np.zeros(self.num_envs)
         self._lengths = np.zeros(self.num_envs, dtype=np.int64)
@@ -338,7 +372,13 @@ class RolloutDataModule(L.LightningDataModule):
             rank = trainer.global_rank
             seed = self.seed + rank * self.num_envs + 1_000_003 * self._restarts
             env = self.make_env(self.num_envs, seed)
-            self.stream = RolloutStream(env, agent, self.resolve_action_repeat(env), agent.device, frames=self._frames)
+            try:
+                self.stream = RolloutStream(
+                    env, agent, self.resolve_action_repeat(env), agent.device, frames=self._frames
+                )
+            except BaseException:
+                getattr(env, "close", lambda: None)()  # e.g. an agent built for another action count
+                raise
         length = self.segments_per_epoch
         if length is None:
             length = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else 1000
