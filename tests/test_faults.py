@@ -191,6 +191,45 @@ def test_fault_env_that_always_fails_is_given_up_with_a_clear_error(tmp_path):
         env.close()
 
 
+def test_fault_restarted_stream_drops_its_episode_and_restarts_its_statistics(tmp_path):
+    """Through the onlinerec env contract (SameStepEnv): the crash is not a finished episode, and the fresh
+    episode's return and length count from the restart."""
+    from onlinerec.rl.envs import SameStepEnv
+
+    env = SameStepEnv(make_env(tmp_path, "raise", fail_at=3), seed=100)  # 6-step episodes, reward 1 per step
+    try:
+        env.reset()
+        ends = []
+        for _ in range(9):
+            _, _, _, trunc, info = env.step(np.zeros(3, dtype=np.int64))
+            ends.append((info["episode_end"].tolist(), info["episode_return"].tolist(), info["episode_length"].tolist()))
+        assert trunc.tolist() == [False, False, False]
+        assert ends[2] == ([False, False, False], [0.0, 0.0, 0.0], [0, 0, 0])  # stream 1 crashed at step 3
+        assert ends[5] == ([True, False, True], [6.0, 0.0, 6.0], [6, 0, 6])
+        assert ends[8] == ([False, True, False], [0.0, 6.0, 0.0], [0, 6, 0])  # its fresh episode, counted from 0
+    finally:
+        env.close()
+
+
+def test_fault_resilient_vectorization_from_the_env_factory():
+    from onlinerec.reliability import ResilientVectorEnv
+    from onlinerec.rl.envs import make_vector_env
+
+    env = make_vector_env("gymnasium:CartPole-v1", 2, seed=3, vectorization="resilient")
+    try:
+        assert isinstance(env.env, ResilientVectorEnv) and env.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+        obs, _ = env.reset()
+        assert obs.shape == (2, 4)
+        for _ in range(30):
+            obs, _, term, trunc, info = env.step(np.zeros(2, dtype=np.int64))  # always left: episodes end soon
+            assert not info["restarted"].any()
+        assert obs.shape == (2, 4) and info["episode_end"].dtype == bool
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="'sync', 'async' or 'resilient'"):
+        make_vector_env("gymnasium:CartPole-v1", 2, vectorization="threads")
+
+
 def test_fault_r2ac_keeps_training_through_an_env_worker_crash(tmp_path, caplog):
     """End to end: R2AC acting in a ResilientVectorEnv whose stream 1 crashes mid-run. Training goes on, the crash
     is logged, and the next segment flags stream 1 reset at the entry where the fresh episode starts."""
@@ -219,4 +258,5 @@ def test_fault_r2ac_keeps_training_through_an_env_worker_crash(tmp_path, caplog)
     flags = torch.cat([r[1:] for r in resets])  # entries 1..M of each segment, in agent-step order
     # stream 1 crashed at its 5th step (agent step 5): that entry shows the fresh episode and carries the reset flag
     assert flags[4, 1] and not flags[4, 0] and not flags[4, 2]
+    assert float(trainer.callback_metrics["env_restarts"]) == 1.0
     assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -227,6 +227,7 @@ class R2AC(OnlineRecurrentModule):
         fps = (self.frames - f0) / max(now - t0, 1e-9) if now > t0 else 0.0
         self.log("frames", float(self.frames), prog_bar=False, batch_size=1)
         self.log("fps", fps, prog_bar=True, batch_size=1)
+        self.log("env_restarts", float(batch.env_restarts), batch_size=1)  # crashed env workers replaced (this process)
         if self.episodes:
             self.log("return", self.episode_return.compute(), prog_bar=True, batch_size=1)
             self.log("episodes", float(self.episodes), batch_size=1)

@@ -80,6 +80,8 @@ class RolloutSegment(Segment):
     ``episode_length``            (T, B) i64   its length in agent steps, where ``episode_end``
     ``frames``                    int          env frames so far on this process after this segment
                                                (agent steps x action repeat, all streams)
+    ``env_restarts``              int          env workers restarted after a crash or hang so far on this process
+                                               (``info["restarted"]``, ``vectorization="resilient"``)
     ============================  ===========  ===================================================================
 
     Entry 0 repeats the previous segment's entry M, so episode statistics are read from entries 1..M only.
@@ -93,6 +95,7 @@ class RolloutSegment(Segment):
     episode_return: Tensor | None = None
     episode_length: Tensor | None = None
     frames: int = 0
+    env_restarts: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -164,6 +167,10 @@ class RolloutStream:
         action_repeat: frames per agent step, for the frame counter.
         device: where observations go before ``agent.act``; None: the agent's ``device`` attribute, else CPU.
         frames: initial frame counter (resuming).
+
+    Attributes:
+        env_restarts: env workers restarted so far (the backend's ``info["restarted"]``; a restarted stream is
+            flagged reset and its interrupted episode is not reported).
     """
 
     def __init__(
@@ -174,6 +181,7 @@ class RolloutStream:
         self.action_repeat = int(action_repeat)
         self.device = torch.device(device) if device is not None else getattr(agent, "device", torch.device("cpu"))
         self.frames = int(frames)
+        self.env_restarts = 0
         self.num_envs = int(env.num_envs)
         check_agent_fits_env(agent, env)
         self._last: dict[str, Tensor] | None = None
@@ -195,7 +203,8 @@ class RolloutStream:
         }
 
     def _first_entry(self) -> dict[str, Tensor]:
-        obs, _ = self.env.reset()
+        obs, info = self.env.reset()
+        self.env_restarts += int(np.count_nonzero(info.get("restarted", False)))
         b = self.num_envs
         n = int(self.env.single_action_space.n)
         zeros = np.zeros(b)
@@ -216,13 +225,15 @@ class RolloutStream:
     def _episode_stats(self, reward, done, info) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if "episode_end" in info:
             return info["episode_end"], info["episode_return"], info["episode_length"]
-        # fallback for envs without onlinerec's info keys: every terminated|truncated ends an episode
+        # fallback for envs without onlinerec's info keys: every terminated|truncated ends an episode,
+        # except where a crashed worker was restarted (its episode is dropped)
+        end = done & ~np.asarray(info.get("restarted", False), dtype=bool)
         self._returns += reward
         self._lengths += 1
-        ret, length = np.where(done, self._returns, 0.0), np.where(done, self._lengths, 0)
+        ret, length = np.where(end, self._returns, 0.0), np.where(end, self._lengths, 0)
         self._returns[done] = 0.0
         self._lengths[done] = 0
-        return done, ret, length
+        return end, ret, length
 
     # -- one segment --------------------------------------------------------------------------
     @torch.no_grad()
@@ -242,12 +253,13 @@ class RolloutStream:
             logp = torch.log_softmax(logits, -1).gather(-1, actions[:, None]).squeeze(-1)
             obs, reward, terminated, truncated, info = self.env.step(actions.numpy())
             done = np.logical_or(terminated, truncated)
+            self.env_restarts += int(np.count_nonzero(info.get("restarted", False)))
             end, ret, length = self._episode_stats(np.asarray(reward, dtype=np.float64), done, info)
             entries.append(self._entry(obs, reward, done, actions, logits, logp, end, ret, length))
         self._last = entries[-1]
         self.frames += m * self.num_envs * self.action_repeat
         fields = {k: torch.stack([e[k] for e in entries]) for k in entries[0]}
-        return RolloutSegment(**fields, frames=self.frames)
+        return RolloutSegment(**fields, frames=self.frames, env_restarts=self.env_restarts)
 
     def close(self) -> None:
         close = getattr(self.env, "close", None)

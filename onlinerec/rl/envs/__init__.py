@@ -34,12 +34,15 @@ Env ids (``FAMILIES`` maps each family to its maker; unknown ids raise ``ValueEr
   ``num_levels``, ``start_level``. obs ``uint8 (3, 64, 64)``, 15 actions.
 - ``"dmlab:<level>"`` — DeepMind Lab ``contributed/dmlab30/<level>`` via ``deepmind_lab`` (``dmlab.py``; not on
   PyPI). obs ``uint8 (3, 72, 96)``, 9 actions, action repeat 4; one subprocess per stream
-  (``vectorization="async"``, the default here; ``"sync"`` runs them in-process).
+  (``vectorization="async"``, the default here; ``"sync"`` runs them in-process; ``"resilient"`` restarts a Lab
+  that crashes or hangs).
 - ``"popgym:<Env>"`` — POPGym (e.g. ``popgym:RepeatPreviousEasy``); obs flattened to a ``float32`` vector
   (documented per env by its space). ``"MiniGrid-MemoryS7-v0"`` (or ``"minigrid:<id>"``) — MiniGrid memory rooms;
   obs the ``uint8 (3, 7, 7)`` partial view (channels first). ``"gymnasium:<id>"`` — any registered gymnasium env
   with a Discrete action space (obs passed through). All three via ``gymnasium_envs.py``
-  (``SyncVectorEnv``/``AsyncVectorEnv`` with SAME_STEP autoreset; ``vectorization="async"`` for subprocesses).
+  (``SyncVectorEnv``/``AsyncVectorEnv`` with SAME_STEP autoreset; ``vectorization="async"`` for subprocesses,
+  ``vectorization="resilient"`` for subprocesses that are restarted when they crash or hang — the stream is
+  flagged reset, ``info["restarted"]`` is True there, and the interrupted episode is not reported).
 - ``"memory:tmaze"`` — built-in passive T-maze (numpy only, vectorised; ``memory.py``). kwargs ``length`` (10),
   ``num_cues`` (2), ``trials`` (1), ``episodic_life`` (True), ``wrong_reward`` (0). obs ``uint8 (num_cues+2,)``,
   ``num_cues`` actions.

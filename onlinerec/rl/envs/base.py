@@ -68,7 +68,9 @@ class SameStepEnv(VectorWrapper):
     """Wraps a vector env that already autoresets in SAME_STEP mode and adds the onlinerec contract.
 
     - ``info["episode_end"]``, ``info["episode_return"]``, ``info["episode_length"]`` on every step;
-      ``episode_end = end_fn(terminated, truncated, info)`` (default ``terminated | truncated``).
+      ``episode_end = end_fn(terminated, truncated, info)`` (default ``terminated | truncated``). Where the backend
+      restarted a crashed worker (``info["restarted"]``, :class:`~onlinerec.reliability.ResilientVectorEnv`) the
+      interrupted episode is dropped: its statistics restart at 0 and no finished episode is reported.
     - ``reset()`` without a seed uses the seed given at construction the first time (so
       ``make_vector_env(..., seed=s)`` alone fixes the streams' seeds), and ``None`` afterwards.
     - ``metadata["autoreset_mode"] = SAME_STEP`` (a per-instance dict).
@@ -118,7 +120,11 @@ class SameStepEnv(VectorWrapper):
         obs, rewards, terminated, truncated, info = self.env.step(actions)
         info = dict(info)
         end = self.episode_end(np.asarray(terminated, bool), np.asarray(truncated, bool), info)
+        restarted = np.asarray(info.get("restarted", False), dtype=bool)
+        end = end & ~restarted  # a crashed worker's episode did not finish: drop it
         ret, length = self.tracker.step(rewards, end)
+        if restarted.any():
+            self.tracker.reset(restarted)
         info["episode_end"] = end
         info["episode_return"] = ret
         info["episode_length"] = length

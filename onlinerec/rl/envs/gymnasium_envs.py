@@ -1,8 +1,10 @@
 """Gymnasium-registered envs (POPGym, MiniGrid memory, any Discrete-action gymnasium env) as SAME_STEP vector envs.
 
-Each stream is a single gymnasium env; ``SyncVectorEnv`` (default) or ``AsyncVectorEnv`` (``vectorization="async"``,
-one subprocess per stream) batches them with ``autoreset_mode=SAME_STEP``; the last observation of a finished
-episode is in ``info["final_obs"]`` (gymnasium's convention), the returned observation is the new episode's first.
+Each stream is a single gymnasium env; ``SyncVectorEnv`` (default), ``AsyncVectorEnv`` (``vectorization="async"``,
+one subprocess per stream) or :class:`~onlinerec.reliability.ResilientVectorEnv` (``vectorization="resilient"``: one
+subprocess per stream, and a worker that crashes or hangs is replaced by a fresh env whose stream is flagged reset,
+``info["restarted"]``) batches them with ``autoreset_mode=SAME_STEP``; the last observation of a finished episode is
+in ``info["final_obs"]`` (gymnasium's convention), the returned observation is the new episode's first.
 
 - ``popgym:<Env>`` (e.g. ``RepeatPreviousEasy``, ``RepeatFirstMedium``, ``CountRecallHard``, ``AutoencodeEasy``,
   ``ConcentrationEasy``): observations flattened with ``gymnasium.spaces.flatten`` (Discrete parts become one-hots)
@@ -84,13 +86,22 @@ def vectorize(
     vectorization: str = "sync",
     **metadata: Any,
 ) -> SameStepEnv:
-    """Batch single envs with SAME_STEP autoreset and wrap them with the onlinerec contract."""
+    """Batch single envs with SAME_STEP autoreset and wrap them with the onlinerec contract.
+
+    ``vectorization``: "sync" (in-process), "async" (one subprocess per stream) or "resilient" (one subprocess per
+    stream, restarted on a crash or hang; for its ``step_timeout`` / ``max_restarts``, wrap a
+    ``ResilientVectorEnv`` in a ``SameStepEnv`` yourself).
+    """
     if vectorization == "sync":
         venv = SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
     elif vectorization == "async":
         venv = AsyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    elif vectorization == "resilient":
+        from onlinerec.reliability import ResilientVectorEnv
+
+        venv = ResilientVectorEnv(env_fns, seed=seed)
     else:
-        raise ValueError(f"vectorization must be 'sync' or 'async', got {vectorization!r}")
+        raise ValueError(f"vectorization must be 'sync', 'async' or 'resilient', got {vectorization!r}")
     return SameStepEnv(venv, seed=seed, env_id=env_id, **metadata)
 
 
