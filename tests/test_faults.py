@@ -221,7 +221,7 @@ def test_fault_resilient_vectorization_from_the_env_factory():
         obs, _ = env.reset()
         assert obs.shape == (2, 4)
         for _ in range(30):
-            obs, _, term, trunc, info = env.step(np.zeros(2, dtype=np.int64))  # always left: episodes end soon
+            obs, _, _, _, info = env.step(np.zeros(2, dtype=np.int64))  # always left: episodes end soon
             assert not info["restarted"].any()
         assert obs.shape == (2, 4) and info["episode_end"].dtype == bool
     finally:
