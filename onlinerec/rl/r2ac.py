@@ -70,6 +70,10 @@ class R2ACConfig:
 class R2AC(OnlineRecurrentModule):
     """Real-time recurrent actor-critic (Irie et al. 2024) with V-trace (spec §5).
 
+    The losses are summed over time and streams (the paper's convention). Under DDP the loss that is backpropagated
+    is multiplied by the number of processes W, so that W processes with B streams each compute the gradient of one
+    process with all W * B streams (DDP averages gradients over ranks); the logged losses are this process's sums.
+
     Args:
         num_actions: A, the size of the discrete action set.
         obs_shape: one observation's shape: (C, H, W) uint8 frames, or (D,) vectors.
@@ -211,7 +215,10 @@ class R2AC(OnlineRecurrentModule):
         for name, value in result.items():
             self.log(f"train/{name}", value, prog_bar=name == "loss", batch_size=b)
         self._log_progress(batch)
-        return result["loss"]
+        # The loss sums over streams, and DDP averages gradients over its W ranks: W x the loss makes W processes
+        # with B streams each take the gradient of one process with all W * B streams (docs/distributed.md).
+        world = self.trainer.world_size if self._trainer is not None else 1
+        return result["loss"] * world
 
     def _log_progress(self, batch: RolloutSegment) -> None:
         world = self.trainer.world_size if self._trainer is not None else 1
