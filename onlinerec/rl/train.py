@@ -93,7 +93,9 @@ def parse_config(
     argv: Sequence[str] | None = None, default_config: str | Path | None = None, description: str = ""
 ) -> ExperimentConfig:
     """Parse ``--config file.yaml`` plus field overrides (``--M 5 --r2ac.lr 1e-3``) into an ExperimentConfig."""
-    from jsonargparse import ActionConfigFile, ArgumentParser
+    from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # --help shows each config field's docstring
 
     parser = ArgumentParser(
         description=description, default_config_files=[str(default_config)] if default_config else None
