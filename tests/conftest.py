@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from onlinerec.gradients.check import bptt_gradients, method_gradients, reference_states  # noqa: F401  (re-exported for tests)
+from onlinerec.gradients.check import bptt_gradients, method_gradients, reference_states, truncated_gradients  # noqa: F401  (re-exported for tests)
 
 os.environ.setdefault("PYTHONHASHSEED", "0")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

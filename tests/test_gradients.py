@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import bptt_gradients, method_gradients, reference_states, rel_err
+from conftest import bptt_gradients, method_gradients, reference_states, rel_err, truncated_gradients
 
 from onlinerec import RTRL, TBPTT, ELSTMCell, FELSTMCell, NotElementwiseError, QRNNCell, SnAP, SRUCell
 
@@ -40,29 +40,12 @@ def test_tbptt_equals_truncated_backprop(cls, problem):
     inputs, reset, weights, d, n = problem
     cell = make(cls, d, n)
     seg = 4
-    cell.zero_grad()
-    c, past = None, None
-    for s in range(0, inputs.shape[0], seg):
-        x, r = inputs[s : s + seg], reset[s : s + seg]
-        states = reference_states(cell, x, r, c0=c, window=past)
-        (states * weights[s : s + seg]).sum().backward()
-        c = states[-1].detach()
-        past = None if cell.window == 1 else _last_inputs(inputs[: s + seg], reset[: s + seg], cell.window)
-    expected = {k: p.grad.clone() for k, p in cell.named_parameters() if p.grad is not None}
+    expected = truncated_gradients(cell, inputs, reset, weights, seg)
     got, _, _ = method_gradients(TBPTT(), cell, inputs, reset, weights, seg)
     for name in expected:
         assert rel_err(got[name], expected[name]) <= 1e-12, name
     full, _ = bptt_gradients(cell, inputs, reset, weights)
     assert rel_err(got["input_proj.weight"], full["input_proj.weight"]) > 1e-3  # truncation must show
-
-
-def _last_inputs(inputs, reset, window):
-    """The window of past inputs after the last step, zeroed before resets (for the TBPTT reference)."""
-    past = []
-    for t in range(inputs.shape[0]):
-        keep = (~reset[t]).to(inputs.dtype).unsqueeze(-1)
-        past = ([inputs[t]] + [p * keep for p in past])[: window - 1]
-    return past
 
 
 @pytest.mark.parametrize("cls", ELEMENTWISE)

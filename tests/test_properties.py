@@ -4,7 +4,7 @@ claims: RTRL == full BPTT, SnAP-1 == RTRL on element-wise cells, TBPTT == trunca
 from __future__ import annotations
 
 import torch
-from conftest import bptt_gradients, method_gradients, reference_states
+from conftest import bptt_gradients, method_gradients, reference_states, truncated_gradients
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -61,29 +61,11 @@ def test_snap_equals_rtrl_on_elementwise_cells_for_any_reset_pattern(problem):
     torch.testing.assert_close(snap_carry.c, rtrl_carry.c, rtol=0, atol=1e-13)
 
 
-def truncated_reference(cell, inputs, reset, weights, seg_len):
-    """Backprop within each segment from a detached carried state, with the cell's own single-step forward."""
-    cell.zero_grad()
-    c, past = None, None
-    for s in range(0, inputs.shape[0], seg_len):
-        x, r = inputs[s : s + seg_len], reset[s : s + seg_len]
-        states = reference_states(cell, x, r, c0=c, window=past)
-        (states * weights[s : s + seg_len]).sum().backward()
-        c = states[-1].detach()
-        if cell.window > 1:  # the last window-1 inputs, zeroed across resets, newest first
-            past = []
-            for t in range(s + x.shape[0]):
-                keep = (~reset[t]).to(inputs.dtype).unsqueeze(-1)
-                past = ([inputs[t]] + [p * keep for p in past])[: cell.window - 1]
-            past += [torch.zeros_like(inputs[0])] * (cell.window - 1 - len(past))
-    return {k: p.grad.clone() for k, p in cell.named_parameters() if p.grad is not None}
-
-
 @SETTINGS
 @given(problems([*ELEMENTWISE, FELSTMCell]))
 def test_tbptt_equals_truncated_backprop_for_any_reset_pattern(problem):
     cell, inputs, reset, weights, seg_len = problem
-    expected = truncated_reference(cell, inputs, reset, weights, seg_len)
+    expected = truncated_gradients(cell, inputs, reset, weights, seg_len)
     got, _, carry = method_gradients(TBPTT(), cell, inputs, reset, weights, seg_len)
     assert_same(got, expected, 1e-10)
     assert not carry.sensitivities

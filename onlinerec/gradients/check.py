@@ -34,6 +34,25 @@ def bptt_gradients(cell: ElementwiseCell, inputs: Tensor, reset: Tensor, weights
     return {k: p.grad.clone() for k, p in cell.named_parameters() if p.grad is not None}, x.grad.clone()
 
 
+def truncated_gradients(cell: ElementwiseCell, inputs: Tensor, reset: Tensor, weights: Tensor, seg_len: int) -> dict[str, Tensor]:
+    """Gradients of sum(weights * states) with backprop cut at every segment start (the TBPTT reference),
+    using the cell's own single-step ``forward`` from a detached carried state."""
+    cell.zero_grad()
+    c, past = None, None
+    for s in range(0, inputs.shape[0], seg_len):
+        x, r = inputs[s : s + seg_len], reset[s : s + seg_len]
+        states = reference_states(cell, x, r, c0=c, window=past)
+        (states * weights[s : s + seg_len]).sum().backward()
+        c = states[-1].detach()
+        if cell.window > 1:  # the last window-1 inputs, zeroed across resets, newest first
+            past = []
+            for t in range(s + x.shape[0]):
+                keep = (~reset[t]).to(inputs.dtype).unsqueeze(-1)
+                past = ([inputs[t]] + [p * keep for p in past])[: cell.window - 1]
+            past += [torch.zeros_like(inputs[0])] * (cell.window - 1 - len(past))
+    return {k: p.grad.clone() for k, p in cell.named_parameters() if p.grad is not None}
+
+
 def method_gradients(method: GradientMethod, cell: ElementwiseCell, inputs: Tensor, reset: Tensor, weights: Tensor, seg_len: int):
     """The same loss, accumulated over consecutive segments of ``seg_len`` steps with ``method``."""
     cell.zero_grad()
