@@ -4,7 +4,7 @@
     python examples/atari.py --game breakout --method tbptt       # the TBPTT baseline (or feedforward, snap)
     python examples/atari.py --game pong --total_frames 4e5 --stem nature --num_envs 16 --M 20   # a CPU-sized run
 
-Any field of ``onlinerec.rl.train.ExperimentConfig`` can be overridden (``--r2ac.lr 1e-3``); ``--config x.yaml``
+Any field of ``onlinerec.rl.runner.ExperimentConfig`` can be overridden (``--r2ac.lr 1e-3``); ``--config x.yaml``
 loads a whole file. Logs (CSV, TensorBoard), checkpoints and learning_curve.png go to ``--out_dir``.
 Needs ale-py (``pip install 'onlinerec[atari]'``).
 """
@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from onlinerec.rl.train import main
+from onlinerec.rl.runner import main
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 GAMES = {

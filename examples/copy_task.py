@@ -19,7 +19,8 @@ from jsonargparse import CLI, set_parsing_settings
 from lightning.pytorch.loggers import CSVLogger
 
 from onlinerec import STRATEGIES
-from onlinerec.data import CopyTaskDataModule, CopyTaskModule
+from onlinerec.data import CopyTaskDataModule
+from onlinerec.tasks import CopyTaskModule
 
 
 @dataclass

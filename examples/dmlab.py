@@ -31,6 +31,6 @@ if __name__ == "__main__":
 
         print(f"error: examples/dmlab.py needs DeepMind Lab, which is not installed.\n{INSTALL_HINT}", file=sys.stderr)
         sys.exit(2)
-    from onlinerec.rl.train import main
+    from onlinerec.rl.runner import main
 
     sys.exit(main(rest, CONFIGS / f"dmlab_{known.level}.yaml", description=__doc__))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from onlinerec.rl.train import main
+from onlinerec.rl.runner import main
 
 if __name__ == "__main__":
     sys.exit(main(None, Path(__file__).resolve().parent / "configs" / "memory_tmaze.yaml", description=__doc__))

@@ -1,41 +1,59 @@
-"""onlinerec: train recurrent networks online with untruncated gradients (RTRL) in PyTorch Lightning."""
+"""onlinerec: train recurrent networks online with untruncated gradients (RTRL) in PyTorch Lightning.
 
-from onlinerec.callbacks import FiniteGuard, NonFiniteError, StreamOrderError
+Layers, each importing only from the ones before it: ``cells`` -> ``gradients`` (pure torch) and ``data`` (streams)
+-> ``training`` (the Lightning side) -> ``tasks`` (supervised models) and ``rl`` (R2AC) -> ``cli``.
+See docs/architecture.md.
+"""
+
 from onlinerec.cells import CELLS, ElementwiseCell, ELSTMCell, FELSTMCell, FullyRecurrentCell, QRNNCell, SRUCell, make_cell
-from onlinerec.checkpoint import AtomicCheckpointIO
 from onlinerec.data import Segment, SegmentStream
-from onlinerec.gradients import RTRL, TBPTT, Carry, GradientMethod, NotElementwiseError, SnAP, check_gradients
-from onlinerec.gradients.strategies import STRATEGIES, OnlineStrategy, RTRLStrategy, SnAPStrategy, TBPTTStrategy
-from onlinerec.module import OnlineRecurrentModule
+from onlinerec.gradients import METHODS, RTRL, TBPTT, Carry, GradientMethod, NotElementwiseError, SnAP, check_gradients
+from onlinerec.registry import Registry
+from onlinerec.training import (
+    STRATEGIES,
+    AtomicCheckpointIO,
+    FiniteGuard,
+    NonFiniteError,
+    OnlineRecurrentModule,
+    OnlineStrategy,
+    RTRLStrategy,
+    SnAPStrategy,
+    StreamOrderError,
+    TBPTTStrategy,
+    make_strategy,
+)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 __all__ = [
-    "AtomicCheckpointIO",
-    "FiniteGuard",
-    "NonFiniteError",
-    "StreamOrderError",
     "CELLS",
+    "METHODS",
     "RTRL",
     "STRATEGIES",
     "TBPTT",
+    "AtomicCheckpointIO",
     "Carry",
     "ELSTMCell",
     "ElementwiseCell",
     "FELSTMCell",
+    "FiniteGuard",
     "FullyRecurrentCell",
     "GradientMethod",
+    "NonFiniteError",
     "NotElementwiseError",
     "OnlineRecurrentModule",
     "OnlineStrategy",
     "QRNNCell",
     "RTRLStrategy",
+    "Registry",
     "SRUCell",
     "Segment",
     "SegmentStream",
     "SnAP",
     "SnAPStrategy",
+    "StreamOrderError",
     "TBPTTStrategy",
     "check_gradients",
     "make_cell",
+    "make_strategy",
 ]

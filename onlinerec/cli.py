@@ -1,6 +1,6 @@
 """The ``onlinerec`` command: ``onlinerec demo`` plus Lightning's ``fit`` / ``validate`` / ``test`` / ``predict``.
 
-``onlinerec demo [options]`` runs :mod:`onlinerec.demo`. Every other subcommand is a
+``onlinerec demo [options]`` runs :mod:`onlinerec.tasks.demo`. Every other subcommand is a
 :class:`~lightning.pytorch.cli.LightningCLI` over any LightningModule and LightningDataModule named by
 ``class_path`` (for example ``onlinerec fit --config examples/copy_task.yaml``); the trainer's strategy may be
 ``rtrl`` / ``tbptt`` / ``snap`` or a ``class_path: onlinerec.RTRLStrategy`` with ``init_args: {M: ...}``.
@@ -49,7 +49,7 @@ def lightning_cli(args: Sequence[str], run: bool = True) -> LightningCLI:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "demo":
-        from onlinerec.demo import main as demo_main
+        from onlinerec.tasks.demo import main as demo_main
 
         return demo_main(args[1:])
     if not args or args[0] in ("-h", "--help"):

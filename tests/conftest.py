@@ -1,4 +1,4 @@
-"""Shared fixtures: small float64 problems and a slow, obviously right reference (full-sequence BPTT)."""
+"""Shared fixtures (a small float64 problem) and test-wide settings; shared helpers live in tests/helpers.py."""
 
 from __future__ import annotations
 
@@ -7,14 +7,9 @@ import os
 import pytest
 import torch
 
-from onlinerec.gradients.check import bptt_gradients, method_gradients, reference_states, truncated_gradients  # noqa: F401  (re-exported for tests)
 
 os.environ.setdefault("PYTHONHASHSEED", "0")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-
-
-def rel_err(a, b):
-    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
 
 
 @pytest.fixture

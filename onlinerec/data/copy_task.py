@@ -11,27 +11,15 @@ Padding uses the separate ``ignore_index`` (-100). The released code built its v
 first appearance, so that the bit "1" got the index of its padding token and was never trained nor
 scored (spec §6); here both bits are classes like any other, and the blank counts too.
 
-Metrics (spec §6, padding excluded): :class:`~onlinerec.data.sequences.SequenceAccuracy` (a sequence is
-right when every step is), :class:`PrintAccuracy` (steps whose target is a bit) and :class:`NoOpAccuracy`
-(steps whose target is blank).
+The model and its metrics (sequence, print and no-op accuracy) are in :mod:`onlinerec.tasks.copy_task`.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
-from torchmetrics import Metric
 
-from onlinerec.data.sequences import (
-    IGNORE_INDEX,
-    SequenceAccuracy,
-    SequenceClassifier,
-    SequenceDataModule,
-    TokenAccuracy,
-    index_generator,
-)
+from onlinerec.data.sequences import SequenceDataModule, index_generator
 
 ZERO, ONE, BLANK = 0, 1, 2
 VOCAB_SIZE = 3
@@ -70,24 +58,6 @@ class CopyTask:
         return [self.level + self._pattern(i).shape[0] for i in range(self.size)]
 
 
-class PrintAccuracy(TokenAccuracy):
-    """Accuracy on the steps whose target is a bit (0 or 1): the copy itself. Blank and padding are not scored."""
-
-    def __init__(self, ignore_index: int = IGNORE_INDEX, blank: int = BLANK, **kwargs: Any) -> None:
-        super().__init__(ignore_index, exclude=(blank,), **kwargs)
-
-
-class NoOpAccuracy(TokenAccuracy):
-    """Accuracy on the steps whose target is blank (the model must stay silent). Padding is not scored."""
-
-    def __init__(self, ignore_index: int = IGNORE_INDEX, blank: int = BLANK, **kwargs: Any) -> None:
-        super().__init__(ignore_index, **kwargs)
-        self.blank = blank
-
-    def scored(self, target: Tensor) -> Tensor:
-        return target == self.blank
-
-
 class CopyTaskDataModule(SequenceDataModule):
     """The copy task as B streams of M-step segments (M from the trainer's strategy unless given).
 
@@ -123,50 +93,3 @@ class CopyTaskDataModule(SequenceDataModule):
             eval_M=eval_M,
         )
         self.save_hyperparameters()
-
-
-class CopyTaskModule(SequenceClassifier):
-    """Copy-task model (spec §6): one-hot tokens (D = 3) -> cell -> output gate -> Linear(N -> 3).
-
-    Reports, on validation and test, token accuracy ``acc``, sequence accuracy ``seq_acc``, print accuracy
-    ``print_acc`` and no-op accuracy ``noop_acc``. Defaults follow the paper's optimiser (Adam, lr 3e-5,
-    betas (0.9, 0.995), eps 1e-9; clip at 1.0 with ``Trainer(gradient_clip_val=1.0)``) at a smaller width.
-
-    Args:
-        hidden_size: N (the paper: 2048).
-        cell, cell_kwargs, embedding_dim, lr, betas, eps, method: see :class:`SequenceClassifier`.
-    """
-
-    def __init__(
-        self,
-        hidden_size: int = 256,
-        cell: str = "elstm",
-        cell_kwargs: dict[str, Any] | None = None,
-        embedding_dim: int | None = None,
-        lr: float = 3e-5,
-        betas: tuple[float, float] = (0.9, 0.995),
-        eps: float = 1e-9,
-        method: str | None = None,
-    ) -> None:
-        super().__init__(
-            VOCAB_SIZE,
-            VOCAB_SIZE,
-            hidden_size=hidden_size,
-            cell=cell,
-            cell_kwargs=cell_kwargs,
-            embedding_dim=embedding_dim,
-            ignore_index=IGNORE_INDEX,
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            method=method,
-        )
-        # Keep only this class's own arguments, so that load_from_checkpoint can rebuild it.
-        self.save_hyperparameters(ignore=["vocab_size", "num_classes", "ignore_index"])
-
-    def eval_metrics(self) -> dict[str, Metric]:
-        return {
-            "seq_acc": SequenceAccuracy(self.ignore_index),
-            "print_acc": PrintAccuracy(self.ignore_index),
-            "noop_acc": NoOpAccuracy(self.ignore_index),
-        }

@@ -1,4 +1,8 @@
-"""Through-time gradient methods (functional core) and their Lightning strategies."""
+"""Through-time gradient methods: the functional core (``init_carry`` / ``unroll``), pure torch.
+
+The Lightning strategies that pick a method for a Trainer live in :mod:`onlinerec.training.strategies` and are
+derived from :data:`METHODS`.
+"""
 
 from onlinerec.gradients.base import GradientMethod
 from onlinerec.gradients.carry import Carry
@@ -7,5 +11,9 @@ from onlinerec.gradients.derivatives import NotElementwiseError
 from onlinerec.gradients.rtrl import RTRL
 from onlinerec.gradients.snap import SnAP
 from onlinerec.gradients.tbptt import TBPTT
+from onlinerec.registry import Registry
 
-__all__ = ["RTRL", "TBPTT", "Carry", "GradientMethod", "NotElementwiseError", "SnAP", "check_gradients"]
+METHODS: Registry[GradientMethod] = Registry("gradient method", GradientMethod, {"rtrl": RTRL, "tbptt": TBPTT, "snap": SnAP})
+"""Gradient methods by name: the one list behind ``method=`` of every module, the strategies' aliases and the CLI."""
+
+__all__ = ["METHODS", "RTRL", "TBPTT", "Carry", "GradientMethod", "NotElementwiseError", "SnAP", "check_gradients"]

@@ -23,7 +23,7 @@ from torchmetrics.aggregation import RunningMean
 from typing_extensions import override
 
 from onlinerec.cells import ElementwiseCell, make_cell
-from onlinerec.module import OnlineRecurrentModule
+from onlinerec.training.module import OnlineRecurrentModule
 from onlinerec.rl.nets import make_stem
 from onlinerec.rl.rollout import RolloutSegment
 from onlinerec.rl.vtrace import vtrace
@@ -96,6 +96,7 @@ class R2AC(OnlineRecurrentModule):
         fc_size: int = 256,
         config: R2ACConfig | dict[str, Any] | None = None,
         cell_kwargs: dict[str, Any] | None = None,
+        method: Any = None,
     ) -> None:
         obs_shape = tuple(int(s) for s in obs_shape)
         core_in = fc_size + 1
@@ -110,7 +111,7 @@ class R2AC(OnlineRecurrentModule):
         if isinstance(config, dict):
             config = R2ACConfig(**config)
         self.config = config or R2ACConfig()
-        super().__init__(cell_obj, lr=self.config.lr)
+        super().__init__(cell_obj, lr=self.config.lr, method=method)
         self.save_hyperparameters(
             {
                 "num_actions": num_actions,

@@ -69,7 +69,7 @@ class SameStepEnv(VectorWrapper):
 
     - ``info["episode_end"]``, ``info["episode_return"]``, ``info["episode_length"]`` on every step;
       ``episode_end = end_fn(terminated, truncated, info)`` (default ``terminated | truncated``). Where the backend
-      restarted a crashed worker (``info["restarted"]``, :class:`~onlinerec.reliability.ResilientVectorEnv`) the
+      restarted a crashed worker (``info["restarted"]``, :class:`~onlinerec.rl.envs.resilient.ResilientVectorEnv`) the
       interrupted episode is dropped: its statistics restart at 0 and no finished episode is reported.
     - ``reset()`` without a seed uses the seed given at construction the first time (so
       ``make_vector_env(..., seed=s)`` alone fixes the streams' seeds), and ``None`` afterwards.

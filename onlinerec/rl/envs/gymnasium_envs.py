@@ -1,7 +1,7 @@
 """Gymnasium-registered envs (POPGym, MiniGrid memory, any Discrete-action gymnasium env) as SAME_STEP vector envs.
 
 Each stream is a single gymnasium env; ``SyncVectorEnv`` (default), ``AsyncVectorEnv`` (``vectorization="async"``,
-one subprocess per stream) or :class:`~onlinerec.reliability.ResilientVectorEnv` (``vectorization="resilient"``: one
+one subprocess per stream) or :class:`~onlinerec.rl.envs.resilient.ResilientVectorEnv` (``vectorization="resilient"``: one
 subprocess per stream, and a worker that crashes or hangs is replaced by a fresh env whose stream is flagged reset,
 ``info["restarted"]``) batches them with ``autoreset_mode=SAME_STEP``; the last observation of a finished episode is
 in ``info["final_obs"]`` (gymnasium's convention), the returned observation is the new episode's first.
@@ -97,7 +97,7 @@ def vectorize(
     elif vectorization == "async":
         venv = AsyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
     elif vectorization == "resilient":
-        from onlinerec.reliability import ResilientVectorEnv
+        from onlinerec.rl.envs.resilient import ResilientVectorEnv
 
         venv = ResilientVectorEnv(env_fns, seed=seed)
     else:

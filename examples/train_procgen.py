@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from onlinerec.rl.train import main
+from onlinerec.rl.runner import main
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 

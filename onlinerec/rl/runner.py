@@ -149,7 +149,7 @@ def build(cfg: ExperimentConfig):
 
 def load_stem(model, path: str | Path) -> None:
     """Copy the ``stem.*`` weights of an R2AC checkpoint into ``model`` (paper: DMLab pre-trained vision stem)."""
-    from onlinerec.checkpoint import load_checkpoint_file
+    from onlinerec.training.checkpoint import load_checkpoint_file
 
     state = load_checkpoint_file(path, map_location="cpu")["state_dict"]  # weights only: a file cannot run code
     stem = {k[len("stem.") :]: v for k, v in state.items() if k.startswith("stem.")}

@@ -13,14 +13,14 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
-from onlinerec.callbacks import FiniteGuard, StreamOrderError, check_stream_order
 from onlinerec.cells.base import ElementwiseCell
-from onlinerec.checkpoint import CARRY_KEY
 from onlinerec.data.segment import Segment
-from onlinerec.gradients import RTRL, TBPTT, Carry, GradientMethod, SnAP
+from onlinerec.gradients import METHODS, TBPTT, Carry, GradientMethod
+from onlinerec.training.callbacks import FiniteGuard
+from onlinerec.training.checkpoint import CARRY_KEY
+from onlinerec.training.stream_order import ContinuityCheck, check_stream_order
 
-_METHODS = {"rtrl": RTRL, "tbptt": TBPTT, "snap": SnAP}
-_CHECKPOINT_KEY = CARRY_KEY
+__all__ = ["OnlineRecurrentModule"]
 
 
 class OnlineRecurrentModule(L.LightningModule):
@@ -31,14 +31,22 @@ class OnlineRecurrentModule(L.LightningModule):
     exactly. The gradient method comes from the trainer's strategy (``RTRLStrategy``, ``TBPTTStrategy``,
     ``SnAPStrategy``); pass ``method=`` to use the module outside a Trainer.
 
-    A subclass writes only :meth:`segment_loss` (and any heads it needs); :meth:`encode` may map raw inputs
-    to the cell's inputs (an embedding, a vision stem). Everything below the cell gets within-segment backprop.
+    A subclass writes :meth:`segment_loss` (and any heads and metrics it needs); :meth:`encode` may map raw inputs
+    to the cell's inputs (an embedding, a vision stem). Every split runs the one template step
+    :meth:`shared_step`: check the batch, ``outputs = self(inputs, reset, stream)``, ``segment_loss``, log.
+    Everything below the cell gets within-segment backprop.
 
     Args:
         cell: the recurrent cell, or None for a feed-forward baseline (outputs = ``encode(inputs)``; no carried state).
         lr: learning rate of the default Adam optimizer (override :meth:`configure_optimizers` for others).
-        method: a gradient method or its alias ("rtrl", "tbptt", "snap"); None takes the trainer's.
+        method: a gradient method, its registered name ("rtrl", "tbptt", "snap") or class path; None takes the
+            trainer strategy's.
     """
+
+    loss_reduction: str = "mean"
+    """How :meth:`segment_loss` reduces over streams: "mean" (the default) or "sum". Under DDP a summed loss is
+    multiplied by the number of processes W before backward, so that W processes with B streams each take the
+    gradient of one process with all W * B streams (DDP averages gradients); a mean needs nothing."""
 
     def __init__(self, cell: ElementwiseCell | None, lr: float = 1e-3, method: GradientMethod | str | None = None) -> None:
         super().__init__()
@@ -46,23 +54,18 @@ class OnlineRecurrentModule(L.LightningModule):
             raise TypeError(f"cell must be an onlinerec ElementwiseCell (or None for a feed-forward model), got {type(cell).__name__}.")
         self.cell = cell
         self.lr = lr
-        if isinstance(method, str):
-            if method.lower() not in _METHODS:
-                raise ValueError(f"unknown gradient method {method!r}; use one of {sorted(_METHODS)} or a GradientMethod.")
-            method = _METHODS[method.lower()]()
-        elif method is not None and not isinstance(method, GradientMethod):
-            raise TypeError(f"method must be a GradientMethod, one of {sorted(_METHODS)}, or None; got {type(method).__name__}.")
-        self._method_override = method
+        self._method: GradientMethod | None = None if method is None else METHODS.build(method)
         self._carries: dict[str, Carry] = {}  # a plain dict, not buffers: DDP must not broadcast rank 0's streams
-        self._last_sequence_id: Tensor | None = None  # for the stream-continuity check of SequenceSegments
+        self._continuity = ContinuityCheck()  # SequenceSegments: a slot keeps its sequence unless reset
         self._checked_loaders: int | None = None  # id of the training loader(s) check_stream_order last passed
+        self._current_stream: str | None = None
 
     # -- the gradient method -------------------------------------------------------------
     @property
     def method(self) -> GradientMethod:
         """The gradient method in use: ``method=`` if given, else the trainer strategy's."""
-        if self._method_override is not None:
-            return self._method_override
+        if self._method is not None:
+            return self._method
         trainer = self._trainer
         method = getattr(getattr(trainer, "strategy", None), "method", None)
         if not isinstance(method, GradientMethod):
@@ -73,6 +76,10 @@ class OnlineRecurrentModule(L.LightningModule):
                 "or pass method='rtrl' to the module."
             )
         return method
+
+    @method.setter
+    def method(self, method: GradientMethod | str | None) -> None:
+        self._method = None if method is None else METHODS.build(method)
 
     # -- unrolling -----------------------------------------------------------------------
     def encode(self, inputs: Tensor) -> Tensor:
@@ -150,11 +157,25 @@ class OnlineRecurrentModule(L.LightningModule):
 
     # -- what a subclass writes ----------------------------------------------------------
     def segment_loss(self, outputs: Tensor, segment: Segment) -> Tensor | dict[str, Tensor]:
-        """The loss of one segment from the cell's outputs (M, B, ...); a tensor or a dict with "loss"."""
+        """The loss of one segment from the model's outputs (M, B, ...), or a dict with "loss" and more.
+
+        Floating-point entries of the dict are logged as ``<stream>/<name>`` ("train/acc"); integer entries are
+        returned to callbacks but not logged. An integer entry ``count`` says how many items the loss averages
+        over (e.g. labelled steps): epoch values are then weighted by it. :attr:`current_stream` names the split.
+        """
         raise NotImplementedError(f"{type(self).__name__} must implement segment_loss(outputs, segment).")
 
-    # -- Lightning hooks -----------------------------------------------------------------
-    def _step(self, segment: Segment, stream: str) -> Tensor:
+    @property
+    def current_stream(self) -> str | None:
+        """The stream name of the segment being processed ("train", "val", "test"), inside :meth:`segment_loss`."""
+        return self._current_stream
+
+    # -- the template step (every split) --------------------------------------------------
+    def shared_step(self, segment: Segment, stream: str) -> dict[str, Tensor]:
+        """Check the batch, run the model over it carrying ``stream``'s state, compute and log :meth:`segment_loss`.
+
+        Returns the loss dict (``"loss"`` first); Lightning backpropagates ``"loss"`` in training.
+        """
         if not isinstance(segment, Segment):
             raise TypeError(
                 f"{type(self).__name__} trains on onlinerec Segments (M steps x B streams, time-major), but the {stream} "
@@ -162,28 +183,49 @@ class OnlineRecurrentModule(L.LightningModule):
                 "SegmentStream or SequenceDataModule; a DataLoader needs batch_size=None so that it does not re-batch them."
             )
         if stream == "train":
-            self._check_continuity(segment)
-        result = self.segment_loss(self(segment.inputs, segment.reset, stream), segment)
-        loss = result["loss"] if isinstance(result, dict) else result
-        metrics = result if isinstance(result, dict) else {"loss": loss}
-        for name, value in metrics.items():
-            self.log(f"{stream}/{name}", value, prog_bar=name == "loss", batch_size=segment.num_streams)
-        return loss
+            self._continuity.check(segment, continuing="train" in self._carries)
+        self._current_stream = stream
+        try:
+            result = self.segment_loss(self(segment.inputs, segment.reset, stream), segment)
+        finally:
+            self._current_stream = None
+        result = dict(result) if isinstance(result, dict) else {"loss": result}
+        if "loss" not in result:
+            raise KeyError(f"{type(self).__name__}.segment_loss returned a dict without 'loss' (keys: {sorted(result)}).")
+        self.log_step(result, stream, segment.num_streams)
+        if stream == "train" and self.loss_reduction == "sum" and self._trainer is not None and self.trainer.world_size > 1:
+            result["loss"] = result["loss"] * self.trainer.world_size
+        return result
+
+    def log_step(self, result: dict[str, Tensor], stream: str, num_streams: int) -> None:
+        """Log the floating-point entries of ``result`` as ``<stream>/<name>``, weighted by ``result["count"]`` if
+        present (else by the number of streams). A training segment with ``count`` 0 logs nothing (no labelled step:
+        the progress bar keeps the last meaningful loss)."""
+        count = result.get("count")
+        weight = num_streams if count is None else int(count)
+        if weight == 0 and stream == "train":
+            return
+        for name, value in result.items():
+            if isinstance(value, Tensor) and not value.is_floating_point():
+                continue
+            if isinstance(value, Tensor):
+                value = value.detach()
+            self.log(f"{stream}/{name}", value, prog_bar=name == "loss", batch_size=max(weight, 1))
 
     @override
-    def training_step(self, batch: Segment, batch_idx: int) -> Tensor:
-        return self._step(batch, "train")
+    def training_step(self, batch: Segment, batch_idx: int) -> dict[str, Tensor]:  # type: ignore[override]
+        return self.shared_step(batch, "train")
 
     @override
-    def validation_step(self, batch: Segment, batch_idx: int) -> Tensor:
-        return self._step(batch, "val")
+    def validation_step(self, batch: Segment, batch_idx: int) -> dict[str, Tensor]:  # type: ignore[override]
+        return self.shared_step(batch, "val")
 
     @override
-    def test_step(self, batch: Segment, batch_idx: int) -> Tensor:
-        return self._step(batch, "test")
+    def test_step(self, batch: Segment, batch_idx: int) -> dict[str, Tensor]:  # type: ignore[override]
+        return self.shared_step(batch, "test")
 
     def _check_loader(self) -> None:
-        """Once per training loader: refuse loaders that shuffle or interleave streams (onlinerec.callbacks.check_stream_order)."""
+        """Once per training loader: refuse loaders that shuffle or interleave streams (onlinerec.training.stream_order)."""
         trainer = self._trainer
         loaders = getattr(trainer, "train_dataloader", None) if trainer is not None else None
         if loaders is None or id(loaders) == self._checked_loaders:
@@ -191,27 +233,9 @@ class OnlineRecurrentModule(L.LightningModule):
         check_stream_order(trainer)
         self._checked_loaders = id(loaders)
 
-    def _check_continuity(self, segment: Segment) -> None:
-        """A stream that is not reset at a segment's first step must continue the sequence it held (SequenceSegment)."""
-        ids = getattr(segment, "sequence_id", None)
-        if not isinstance(ids, Tensor):
-            return
-        last, self._last_sequence_id = self._last_sequence_id, ids[-1].detach()
-        if "train" not in self._carries or last is None or last.shape != ids[0].shape:
-            return
-        moved = (~segment.reset[0]) & (ids[0] != last.to(ids.device))
-        if bool(moved.any()):
-            b = int(moved.nonzero()[0, 0])
-            raise StreamOrderError(
-                f"stream slot {b} held sequence {int(last[b])} at the end of the previous segment but continues with "
-                f"sequence {int(ids[0, b])} without a reset: the streams were reordered or shuffled between segments. "
-                "onlinerec carries each slot's state to the next segment, so keep every sequence in its slot "
-                "(no shuffling, no DataLoader workers) or set reset=True where a new sequence starts."
-            )
-
     @override
     def configure_callbacks(self) -> list[Callback]:
-        """Adds :class:`~onlinerec.callbacks.FiniteGuard` unless the Trainer already has one (a subclass extends this list)."""
+        """Adds :class:`~onlinerec.training.callbacks.FiniteGuard` unless the Trainer already has one (a subclass extends this list)."""
         have = self._trainer.callbacks if self._trainer is not None else []
         return [] if any(isinstance(cb, FiniteGuard) for cb in have) else [FiniteGuard()]
 
@@ -238,7 +262,7 @@ class OnlineRecurrentModule(L.LightningModule):
             dist.gather_object(carries, gathered, dst=0)  # every rank calls this: Lightning saves collectively
             per_rank = gathered if gathered is not None else []
         # "carries" is rank 0's (the whole state in a single-process run); torch.save stores shared tensors once.
-        checkpoint[_CHECKPOINT_KEY] = {"world_size": world, "carries": per_rank[0] if per_rank else {}, "rank_carries": per_rank}
+        checkpoint[CARRY_KEY] = {"world_size": world, "carries": per_rank[0] if per_rank else {}, "rank_carries": per_rank}
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -247,7 +271,7 @@ class OnlineRecurrentModule(L.LightningModule):
             # Lightning loads the weights before its precision plugin converts the module: with precision="64-true"
             # they would pass through float32 parameters and lose their low bits, so the resume would not be exact.
             self.double()
-        saved = checkpoint.get(_CHECKPOINT_KEY, {})
+        saved = checkpoint.get(CARRY_KEY, {})
         per_rank = saved.get("rank_carries")
         if per_rank is None:  # written before per-rank carries existed
             per_rank = [saved.get("carries", {})]
@@ -260,7 +284,7 @@ class OnlineRecurrentModule(L.LightningModule):
                     f"this checkpoint holds the carried state of {saved_world} training process(es), one per rank for its "
                     f"own streams, but this run has {world}. Carried state cannot be re-dealt to other ranks: resume with "
                     f"the same number of processes (devices x num_nodes = {saved_world}), or start every stream afresh "
-                    "from a copy without carried state: onlinerec.checkpoint.drop_carried_state(path)."
+                    "from a copy without carried state: onlinerec.training.checkpoint.drop_carried_state(path)."
                 )
             if any(per_rank):
                 rank_zero_warn(

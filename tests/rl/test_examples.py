@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 TINY = [
     "--num_envs",
@@ -81,7 +81,7 @@ def test_memory_example(tmp_path):
 
 def test_example_plumbing_resumes_from_last_checkpoint(tmp_path):
     """The same command run again with a larger budget continues from last.ckpt (in-process, to stay fast)."""
-    from onlinerec.rl.train import parse_config, run_experiment
+    from onlinerec.rl.runner import parse_config, run_experiment
 
     args = [
         *TINY,
@@ -157,7 +157,7 @@ def test_dmlab_example_says_how_to_install(tmp_path):
 
 def test_config_yaml_and_overrides(tmp_path):
     from onlinerec.rl.r2ac import R2ACConfig
-    from onlinerec.rl.train import ExperimentConfig, parse_config
+    from onlinerec.rl.runner import ExperimentConfig, parse_config
 
     cfg = parse_config(
         ["--M", "7", "--r2ac.lr", "0.01", "--env_kwargs", '{"length": 9}'], EXAMPLES / "configs" / "atari_breakout.yaml"
@@ -170,7 +170,7 @@ def test_config_yaml_and_overrides(tmp_path):
 
 
 def test_learning_curve_plot(tmp_path):
-    from onlinerec.rl.train import load_curve, plot_learning_curves
+    from onlinerec.rl.runner import load_curve, plot_learning_curves
 
     for k, run in enumerate(["a", "b"]):
         (tmp_path / run / "csv" / "version_0").mkdir(parents=True)

@@ -162,7 +162,8 @@ def test_training_resumed_mid_epoch_matches_an_uninterrupted_run(tmp_path):
     import lightning as L
 
     from onlinerec import RTRLStrategy
-    from onlinerec.data import DelayedRecallDataModule, SequenceClassifier
+    from onlinerec.data import DelayedRecallDataModule
+    from onlinerec.tasks import SequenceClassifier
 
     def trainer(steps):
         return L.Trainer(

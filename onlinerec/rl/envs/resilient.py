@@ -6,7 +6,7 @@ env (built again from its ``env_fn`` and reset with a new seed). Its slot return
 observation with reward 0 and ``truncated = True`` — under the SAME_STEP contract that flags the stream *reset
 before the next step*, so the learner zeroes its carried state — and ``info["restarted"]`` is True there. The
 other streams are untouched, the run continues, and the event is logged (``logging`` logger
-``onlinerec.reliability``, level WARNING) and recorded in :attr:`ResilientVectorEnv.events`.
+``onlinerec.rl.envs.resilient``, level WARNING) and recorded in :attr:`ResilientVectorEnv.events`.
 
 Used as the vector backend of single-env families (``vectorization="resilient"``); ale-py's native Atari vector
 env has no per-env workers to restart.
@@ -29,7 +29,7 @@ from gymnasium.vector.utils import CloudpickleWrapper, batch_space, concatenate,
 
 __all__ = ["EnvRestart", "ResilientVectorEnv"]
 
-log = logging.getLogger("onlinerec.reliability")
+log = logging.getLogger("onlinerec.rl.envs.resilient")
 
 
 @dataclass(frozen=True)

@@ -21,19 +21,11 @@ from onlinerec import (
     SnAPStrategy,
     TBPTTStrategy,
 )
-from onlinerec.callbacks import StreamOrderError
+from onlinerec.training.stream_order import StreamOrderError
 from onlinerec.data.stream import SegmentStream
+from tests.helpers import Regressor
 
 M = 3
-
-
-class Regressor(OnlineRecurrentModule):
-    def __init__(self, cell=None, **kwargs) -> None:
-        super().__init__(cell or ELSTMCell(2, 4), lr=1e-2, **kwargs)
-        self.head = torch.nn.Linear(self.cell.output_size, 1)
-
-    def segment_loss(self, outputs, segment):
-        return torch.nn.functional.mse_loss(self.head(outputs), segment.targets)
 
 
 def seg(b=3, d=2, dtype=torch.float32, reset_first=True, ids=None):
@@ -122,7 +114,7 @@ def test_unknown_method_names_the_choices():
         Regressor(method="rtlr")
     with pytest.raises(TypeError, match="GradientMethod"):
         Regressor(method=42)
-    with pytest.raises(ValueError, match="carry must be 'batched' or 'stepwise'"):
+    with pytest.raises(TypeError, match=r"RTRLStrategy got unexpected keyword argument\(s\) \['carry'\]"):
         RTRLStrategy(M=2, carry="fast")
     with pytest.raises(ValueError, match="only n = 1"):
         SnAPStrategy(M=2, n=2)

@@ -137,10 +137,7 @@ def test_first_segment_placeholders():
 # -- learner carry vs actor state ----------------------------------------------------------------------------
 def tiny_model(cell="elstm", method=None, seed=0):
     torch.manual_seed(seed)
-    model = R2AC(3, (3,), cell=cell, hidden_size=8, stem="mlp", fc_size=6)
-    if method is not None:
-        model._method_override = method
-    return model
+    return R2AC(3, (3,), cell=cell, hidden_size=8, stem="mlp", fc_size=6, method=method)
 
 
 def reference_logits(model, segments):
@@ -162,9 +159,7 @@ def reference_logits(model, segments):
 
 @pytest.mark.parametrize("method", ["rtrl", "tbptt", "snap"])
 def test_learner_equals_actor_with_fixed_weights(method):
-    from onlinerec.module import _METHODS
-
-    model = tiny_model(method=_METHODS[method]())
+    model = tiny_model(method=method)
     stream = RolloutStream(make_env(LENGTHS), model)
     segments, outputs = [], []
     for _ in range(5):  # as in training: the actor collects a segment, then the learner unrolls it
@@ -226,9 +221,7 @@ def test_datamodule_needs_an_online_strategy():
 def test_r2ac_cell_gradient_over_segments_equals_bptt_over_the_stream(method):
     """With fixed weights, the cell's gradient accumulated over consecutive segments (each entry processed once in
     the learner's chain; entry M only bootstraps) equals full BPTT through the concatenated stream (float64)."""
-    from onlinerec.module import _METHODS
-
-    model = tiny_model(method=_METHODS[method]()).double()
+    model = tiny_model(method=method).double()
     stream = RolloutStream(make_env(LENGTHS), model)
     gen = torch.Generator().manual_seed(3)
     segments, weights = [], []

@@ -7,17 +7,13 @@ import pytest
 import torch
 
 from onlinerec import RTRLStrategy
-from onlinerec.data import (
-    IGNORE_INDEX,
-    CopyTask,
-    CopyTaskDataModule,
+from onlinerec.data import IGNORE_INDEX, CopyTask, CopyTaskDataModule, DelayedRecall, SequenceSegment
+from onlinerec.tasks import (
     CopyTaskModule,
-    DelayedRecall,
     NoOpAccuracy,
     PrintAccuracy,
     SequenceAccuracy,
     SequenceClassifier,
-    SequenceSegment,
     TokenAccuracy,
     masked_cross_entropy,
 )
@@ -108,7 +104,7 @@ def test_no_nan_when_every_label_is_ignored():
     # and a model step on a segment without labels (most delayed-recall segments) stays finite
     model = SequenceClassifier(9, 4, hidden_size=6, method="rtrl")
     seg = SequenceSegment(torch.zeros(3, 2, dtype=torch.long), torch.ones(3, 2, dtype=torch.bool), torch.full((3, 2), X))
-    loss = model.segment_loss(model(seg.inputs, seg.reset), seg)
+    loss = model.segment_loss(model(seg.inputs, seg.reset), seg)["loss"]
     loss.backward()
     assert loss.item() == 0.0 and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 

@@ -15,8 +15,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from onlinerec import ELSTMCell, OnlineRecurrentModule, RTRLStrategy, Segment, SnAPStrategy, TBPTTStrategy
-from onlinerec.checkpoint import AtomicCheckpointIO, atomic_torch_save, load_checkpoint_file
+from onlinerec.training.checkpoint import AtomicCheckpointIO, atomic_torch_save, load_checkpoint_file
 from onlinerec.data.stream import SegmentStream
+from tests.helpers import Regressor
 
 M = 4
 
@@ -27,15 +28,6 @@ def segments(epoch: int, count: int = 6):
         x = torch.randn(M, 3, 2, generator=gen)
         reset = torch.rand(M, 3, generator=gen) < 0.15
         yield Segment(x, reset, x.cumsum(0)[..., :1])
-
-
-class Regressor(OnlineRecurrentModule):
-    def __init__(self) -> None:
-        super().__init__(ELSTMCell(2, 5), lr=1e-2)
-        self.head = torch.nn.Linear(5, 1)
-
-    def segment_loss(self, outputs, segment):
-        return torch.nn.functional.mse_loss(self.head(outputs), segment.targets)
 
 
 def trainer(max_steps: int, strategy=None, **kwargs) -> L.Trainer:
@@ -265,7 +257,7 @@ def test_resume_r2ac_restores_carried_state_counters_optimizer_and_scheduler(tmp
 
 
 # -- security: no shell, no unsafe unpickling ---------------------------------------------------------------------
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted([*(ROOT / "onlinerec").rglob("*.py"), *(ROOT / "examples").rglob("*.py")])
 
 
@@ -297,7 +289,7 @@ def test_security_no_user_string_reaches_a_shell():
 
 def test_security_no_checkpoint_is_unpickled_without_weights_only():
     # the one exception: load_checkpoint_file forwards its caller's weights_only (None -> True)
-    forwarded = ROOT / "onlinerec" / "checkpoint.py"
+    forwarded = ROOT / "onlinerec" / "training" / "checkpoint.py"
     bad = []
     for path in SOURCES:
         for node, owner, name in _calls(path):
@@ -309,4 +301,4 @@ def test_security_no_checkpoint_is_unpickled_without_weights_only():
             )
             if name == "load" and owner == "torch" and unsafe:
                 bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert not bad, f"torch.load without weights_only=True in: {bad}; use onlinerec.checkpoint.load_checkpoint_file"
+    assert not bad, f"torch.load without weights_only=True in: {bad}; use onlinerec.training.checkpoint.load_checkpoint_file"

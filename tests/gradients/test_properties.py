@@ -4,7 +4,7 @@ claims: RTRL == full BPTT, SnAP-1 == RTRL on element-wise cells, TBPTT == trunca
 from __future__ import annotations
 
 import torch
-from conftest import bptt_gradients, method_gradients, reference_states, truncated_gradients
+from onlinerec.gradients.check import bptt_gradients, method_gradients, reference_states, truncated_gradients
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -21,6 +21,7 @@ from onlinerec import (
     TBPTTStrategy,
 )
 from onlinerec.gradients import RTRL, SnAP, TBPTT
+from tests.helpers import Regressor
 
 
 class RandomStreams(IterableDataset):
@@ -36,15 +37,6 @@ class RandomStreams(IterableDataset):
             steps = torch.arange(i * self.m, (i + 1) * self.m)
             reset = (steps % 7 == 0).unsqueeze(1).expand(self.m, 3).clone()
             yield Segment(x, reset, x.cumsum(0)[..., :1])
-
-
-class Regressor(OnlineRecurrentModule):
-    def __init__(self, cell=None) -> None:
-        super().__init__(cell or ELSTMCell(2, 6), lr=1e-2)
-        self.head = torch.nn.Linear(self.cell.output_size, 1)
-
-    def segment_loss(self, outputs, segment):
-        return {"loss": torch.nn.functional.mse_loss(self.head(outputs), segment.targets)}
 
 
 def trainer(strategy, **kwargs) -> L.Trainer:
@@ -94,13 +86,13 @@ def test_module_without_gradient_method_explains_what_to_do():
     with pytest.raises(RuntimeError, match="RTRLStrategy"):
         model(seg.inputs, seg.reset)
     model_with_method = Regressor()
-    model_with_method._method_override = RTRL()
-    assert model_with_method(seg.inputs, seg.reset).shape == (4, 3, 6)
+    model_with_method.method = RTRL()
+    assert model_with_method(seg.inputs, seg.reset).shape == (4, 3, 5)
 
 
 def test_changing_the_number_of_streams_is_an_error():
     model = Regressor()
-    model._method_override = TBPTT()
+    model.method = TBPTT()
     model(torch.zeros(2, 3, 2), torch.zeros(2, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="B = 3 to B = 5"):
         model(torch.zeros(2, 5, 2), torch.zeros(2, 5, dtype=torch.bool))
@@ -210,7 +202,7 @@ def test_feed_forward_module_trains_without_a_cell():
 def test_lookahead_leaves_the_carried_state_untouched():
     torch.manual_seed(0)
     model = Regressor()
-    model._method_override = RTRL()
+    model.method = RTRL()
     seg = next(iter(RandomStreams(6)))
     model.unroll(seg.inputs[:4], seg.reset[:4])
     saved = model.carry()

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO_LINE = re.compile(r"^demo: rtrl=(\d\.\d{3}) tbptt=(\d\.\d{3}) M=(\d+) delay=(\d+) seeds=(\d+)$")
 
 

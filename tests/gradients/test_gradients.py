@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import bptt_gradients, method_gradients, reference_states, rel_err, truncated_gradients
+from onlinerec.gradients.check import bptt_gradients, method_gradients, reference_states, truncated_gradients
+from tests.helpers import rel_err
 
 from onlinerec import RTRL, TBPTT, ELSTMCell, FELSTMCell, NotElementwiseError, QRNNCell, SnAP, SRUCell
 

@@ -82,7 +82,7 @@ def test_checkpoint_holds_carry_and_frames_and_resumes(tmp_path):
     torch.testing.assert_close(carries["train"]["c"], model._carries["train"].c)
     assert saved["onlinerec_rl"]["frames"] == 3 * M * B
 
-    from onlinerec.rl.train import load_stem
+    from onlinerec.rl.runner import load_stem
 
     stem_only = tiny()  # the paper's pre-trained stem: copied from a checkpoint loaded weights-only
     load_stem(stem_only, tmp_path / "last.ckpt")

@@ -35,8 +35,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from onlinerec.data.delayed_recall import DelayedRecallDataModule
-from onlinerec.data.sequences import SequenceClassifier
-from onlinerec.gradients.strategies import RTRLStrategy, TBPTTStrategy
+from onlinerec.tasks.classifier import SequenceClassifier
+from onlinerec.training.strategies import RTRLStrategy, TBPTTStrategy
 
 METHODS = {"rtrl": RTRLStrategy, "tbptt": TBPTTStrategy}
 LABELS = {"rtrl": "RTRL", "tbptt": "TBPTT"}

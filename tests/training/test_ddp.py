@@ -22,9 +22,13 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from onlinerec.callbacks import NonFiniteError
+if __name__ == "__main__":  # run as a script by the launcher tests below: make `tests` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from onlinerec.training.callbacks import NonFiniteError
 from onlinerec import ELSTMCell, FELSTMCell, OnlineRecurrentModule, QRNNCell, RTRLStrategy, Segment, SnAPStrategy, TBPTTStrategy
 from onlinerec.data.stream import SegmentStream
+from tests.helpers import Regressor
 
 HERE = Path(__file__).resolve()
 TOTAL_STREAMS, M, STEPS, D = 4, 3, 5, 2
@@ -61,15 +65,6 @@ class ShardedStreams(L.LightningDataModule):
         return SegmentStream(lambda epoch: shard(union_segments(epoch), rank, world))
 
 
-class Regressor(OnlineRecurrentModule):
-    def __init__(self, cell_cls) -> None:
-        super().__init__(cell_cls(D, 5), lr=1e-2)
-        self.head = torch.nn.Linear(self.cell.output_size, 1)
-
-    def segment_loss(self, outputs, segment):
-        return torch.nn.functional.mse_loss(self.head(outputs), segment.targets)  # mean over steps AND streams
-
-
 class GradRecorder(Callback):
     def __init__(self) -> None:
         self.grads: list[dict[str, torch.Tensor]] = []
@@ -97,7 +92,7 @@ def make_trainer(method: str, devices: int, max_steps: int, callbacks=(), **kwar
 
 def fit(method: str, devices: int, max_steps: int = STEPS, ckpt_path=None, callbacks=(), **kwargs):
     torch.manual_seed(0)
-    model = Regressor(CASES[method][1])
+    model = Regressor(CASES[method][1](D, 5))
     rec = GradRecorder()
     trainer = make_trainer(method, devices, max_steps, [rec, *callbacks], **kwargs)
     trainer.fit(model, ShardedStreams(), ckpt_path=ckpt_path)
@@ -142,7 +137,7 @@ def script_main(out: Path, launcher: str) -> None:
     # a NaN loss on rank 1 only: FiniteGuard stops *both* ranks at the same step (no rank left hanging in a collective)
     nandir = out / "nan_ckpts"
     torch.manual_seed(0)
-    model = NaNOnRank1(CASES["rtrl"][1])
+    model = NaNOnRank1(CASES["rtrl"][1](D, 5))
     trainer = make_trainer("rtrl", devices, STEPS, [ModelCheckpoint(dirpath=nandir, every_n_train_steps=1, save_top_k=-1)], enable_checkpointing=True)
     try:
         trainer.fit(model, ShardedStreams())
@@ -272,7 +267,7 @@ def test_ddp_resume_is_exact_with_every_ranks_carry(ddp_run):
 
 
 def test_ddp_checkpoint_holds_every_ranks_carry_and_refuses_another_world_size(ddp_run):
-    from onlinerec.checkpoint import drop_carried_state
+    from onlinerec.training.checkpoint import drop_carried_state
 
     path = ddp_run / "ckpts" / "epoch=0-step=2.ckpt"
     raw = torch.load(path, weights_only=True)

@@ -17,9 +17,10 @@ from gymnasium.vector import AutoresetMode
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from onlinerec import ELSTMCell, OnlineRecurrentModule, RTRLStrategy, Segment
-from onlinerec.callbacks import FiniteGuard, NonFiniteError
+from onlinerec.training.callbacks import FiniteGuard, NonFiniteError
 from onlinerec.data.stream import SegmentStream
-from onlinerec.reliability import ResilientVectorEnv
+from onlinerec.rl.envs.resilient import ResilientVectorEnv
+from tests.helpers import Regressor
 
 M = 4
 
@@ -33,14 +34,15 @@ def segments(epoch: int):
         yield Segment(x, reset, x.cumsum(0)[..., :1])
 
 
-class Regressor(OnlineRecurrentModule):
+class FaultyRegressor(Regressor):
+    """The boring model, made to produce a NaN/inf loss or a NaN gradient at ``bad_step``."""
+
     def __init__(self, bad_step: int | None = None, kind: str = "nan") -> None:
-        super().__init__(ELSTMCell(2, 5), lr=1e-2)
-        self.head = torch.nn.Linear(5, 1)
+        super().__init__()
         self.bad_step, self.kind = bad_step, kind
 
     def segment_loss(self, outputs, segment):
-        loss = torch.nn.functional.mse_loss(self.head(outputs), segment.targets)
+        loss = super().segment_loss(outputs, segment)
         if self.global_step == self.bad_step:
             if self.kind == "nan":
                 loss = loss * float("nan")
@@ -74,7 +76,7 @@ def fit(model, tmp_path: Path | None = None, max_steps: int = 8, callbacks=(), c
 @pytest.mark.parametrize("kind", ["nan", "inf"])
 def test_nan_loss_stops_training_naming_the_step_and_the_last_checkpoint_stays(tmp_path, kind):
     torch.manual_seed(0)
-    model = Regressor(bad_step=5, kind=kind)
+    model = FaultyRegressor(bad_step=5, kind=kind)
     with pytest.raises(NonFiniteError, match=r"global step 5 .*the loss is (nan|inf).*epoch=0-step=5\.ckpt") as info:
         fit(model, tmp_path)
     assert "gradient_clip_val" in str(info.value)  # and says what to do
@@ -85,7 +87,7 @@ def test_nan_loss_stops_training_naming_the_step_and_the_last_checkpoint_stays(t
         assert torch.isfinite(value).all(), name
         torch.testing.assert_close(last["state_dict"][name], value, rtol=0, atol=0)
 
-    resumed = Regressor()  # and the last checkpoint resumes
+    resumed = FaultyRegressor()  # and the last checkpoint resumes
     trainer = fit(resumed, max_steps=7, ckpt_path=tmp_path / names[-1])
     assert trainer.global_step == 7 and all(torch.isfinite(p).all() for p in resumed.parameters())
 
@@ -93,18 +95,18 @@ def test_nan_loss_stops_training_naming_the_step_and_the_last_checkpoint_stays(t
 def test_nan_gradient_with_a_finite_loss_is_caught_and_named():
     torch.manual_seed(0)
     with pytest.raises(NonFiniteError, match=r"global step 3 .*gradients of .*head\.bias.* are not finite") as info:
-        fit(Regressor(bad_step=3, kind="grad"))
+        fit(FaultyRegressor(bad_step=3, kind="grad"))
     assert "the loss is" not in str(info.value)
 
 
 def test_nan_guard_is_added_once_and_can_be_turned_off():
     torch.manual_seed(0)
-    model = Regressor(bad_step=2)
+    model = FaultyRegressor(bad_step=2)
     trainer = fit(model, max_steps=4, callbacks=[FiniteGuard(enabled=False)])
     assert sum(isinstance(cb, FiniteGuard) for cb in trainer.callbacks) == 1  # the module did not add another
     assert not all(torch.isfinite(p).all() for p in model.parameters())  # unguarded, the NaN step ruined the weights
 
-    trainer = fit(Regressor(), max_steps=1)
+    trainer = fit(FaultyRegressor(), max_steps=1)
     assert sum(isinstance(cb, FiniteGuard) for cb in trainer.callbacks) == 1  # added by default
 
 
@@ -158,7 +160,7 @@ def test_fault_env_worker_is_restarted_and_its_stream_flagged_reset(tmp_path, fa
         for _ in range(2):
             obs, rew, term, trunc, info = env.step(np.zeros(3, dtype=np.int64))
         assert obs[:, 1].tolist() == [2, 2, 2]
-        with caplog.at_level(logging.WARNING, logger="onlinerec.reliability"):
+        with caplog.at_level(logging.WARNING, logger="onlinerec.rl.envs.resilient"):
             start = time.monotonic()
             obs, rew, term, trunc, info = env.step(np.zeros(3, dtype=np.int64))  # stream 1 fails at its 3rd step
             took = time.monotonic() - start
@@ -212,7 +214,7 @@ def test_fault_restarted_stream_drops_its_episode_and_restarts_its_statistics(tm
 
 
 def test_fault_resilient_vectorization_from_the_env_factory():
-    from onlinerec.reliability import ResilientVectorEnv
+    from onlinerec.rl.envs.resilient import ResilientVectorEnv
     from onlinerec.rl.envs import make_vector_env
 
     env = make_vector_env("gymnasium:CartPole-v1", 2, seed=3, vectorization="resilient")
@@ -251,7 +253,7 @@ def test_fault_r2ac_keeps_training_through_an_env_worker_crash(tmp_path, caplog)
         strategy=RTRLStrategy(M=M), accelerator="cpu", devices=1, max_steps=4, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=[Record()],
     )
-    with caplog.at_level(logging.WARNING, logger="onlinerec.reliability"):
+    with caplog.at_level(logging.WARNING, logger="onlinerec.rl.envs.resilient"):
         trainer.fit(model, rl.RolloutDataModule(factory, num_envs=3))
     assert trainer.global_step == 4
     assert any("env worker 1" in r.getMessage() for r in caplog.records)

@@ -1,8 +1,8 @@
-"""Callbacks that keep an online run safe: stop on non-finite numbers; refuse loaders that reorder streams.
+"""Callbacks that keep an online run safe.
 
 :class:`FiniteGuard` is added to every fit of an :class:`~onlinerec.OnlineRecurrentModule` by the module's
 ``configure_callbacks`` (unless the Trainer already has one; ``Trainer(callbacks=[FiniteGuard(enabled=False)])``
-turns it off). :func:`check_stream_order` runs once, when the first training segment is unrolled.
+turns it off).
 """
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
-from torch.utils.data.distributed import DistributedSampler
 from typing_extensions import override
 
-__all__ = ["FiniteGuard", "NonFiniteError", "StreamOrderError", "check_stream_order"]
+__all__ = ["FiniteGuard", "NonFiniteError"]
 
 
 class NonFiniteError(FloatingPointError):
@@ -102,71 +100,3 @@ class FiniteGuard(Callback):
 
 def _has_grad_scaler(trainer: L.Trainer) -> bool:
     return getattr(trainer.precision_plugin, "scaler", None) is not None
-
-
-# -- stream order ---------------------------------------------------------------------------------------------
-class StreamOrderError(ValueError):
-    """The training data would hand a stream's carried state to another stream (shuffling, interleaving)."""
-
-
-_ADVICE = (
-    "onlinerec carries each stream's state from one training batch to the next, so batch k+1 must continue the "
-    "streams of batch k, slot for slot. Serve Segments in order: a SegmentStream, a SequenceDataModule, or a "
-    "DataLoader(dataset, batch_size=None, shuffle=False, num_workers=0)."
-)
-
-
-def _describe_order_problem(loader: DataLoader, world_size: int) -> str | None:
-    samplers = [loader.sampler, getattr(loader.batch_sampler, "sampler", None)]
-    for s in samplers:
-        if isinstance(s, (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)):
-            return f"the training DataLoader samples in random order ({type(s).__name__}, e.g. from shuffle=True)"
-        if isinstance(s, DistributedSampler):
-            if s.shuffle:
-                return "the training DataLoader's DistributedSampler shuffles"
-            if s.num_replicas > 1:
-                return (
-                    f"the training DataLoader has a DistributedSampler that deals every {s.num_replicas}-th batch to each "
-                    "rank, so a rank's consecutive batches are not consecutive segments. Under DDP give each rank its own "
-                    "streams (shard by trainer.global_rank) and pass Trainer(use_distributed_sampler=False)"
-                )
-    if isinstance(loader.dataset, IterableDataset) and loader.num_workers > 0:
-        return (
-            f"the training DataLoader reads an IterableDataset with num_workers={loader.num_workers}: each worker "
-            "iterates its own copy and their batches are interleaved, so consecutive batches come from different "
-            "copies of the streams. Use num_workers=0"
-        )
-    return None
-
-
-def check_stream_order(trainer: L.Trainer | None) -> None:
-    """Raise :class:`StreamOrderError` if the trainer's training loader(s) reorder streams between batches.
-
-    Detected: a ``DataLoader`` with a random sampler (``shuffle=True``, ``RandomSampler``, ``SubsetRandomSampler``,
-    ``WeightedRandomSampler``); a ``DistributedSampler`` that shuffles or splits batches across ranks; an
-    ``IterableDataset`` read by several worker processes. Loaders that are not ``DataLoader`` s (a SegmentStream,
-    a rollout stream) are trusted. SequenceSegment batches are also checked for continuity as they arrive (see
-    ``OnlineRecurrentModule``).
-    """
-    if trainer is None:
-        return
-    try:
-        loaders = trainer.train_dataloader
-    except Exception:  # noqa: BLE001  (no fit loop yet: nothing to check)
-        return
-    if loaders is None:
-        return
-    flat = _flatten(loaders)
-    for loader in flat:
-        if isinstance(loader, DataLoader):
-            problem = _describe_order_problem(loader, trainer.world_size)
-            if problem:
-                raise StreamOrderError(f"{problem}. {_ADVICE}")
-
-
-def _flatten(obj: Any) -> list[Any]:
-    if isinstance(obj, dict):
-        return [x for v in obj.values() for x in _flatten(v)]
-    if isinstance(obj, (list, tuple)):
-        return [x for v in obj for x in _flatten(v)]
-    return [obj]

@@ -1,0 +1,124 @@
+"""SequenceClassifier: per-step classification of token sequences, trained online on SequenceSegments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torchmetrics import Metric, MetricCollection
+from typing_extensions import override
+
+from onlinerec.cells import make_cell
+from onlinerec.data.segment import Segment
+from onlinerec.data.sequences import IGNORE_INDEX
+from onlinerec.tasks.metrics import SequenceAccuracy, TokenAccuracy, masked_cross_entropy
+from onlinerec.training.module import OnlineRecurrentModule
+
+__all__ = ["SequenceClassifier"]
+
+
+class SequenceClassifier(OnlineRecurrentModule):
+    """Per-step classification of token sequences: one-hot (or embedding) -> cell -> readout -> Linear.
+
+    Trains on :class:`SequenceSegment` batches with the mean cross-entropy over labelled steps
+    (:func:`masked_cross_entropy`: 0, not NaN, on a segment without labels), and reports token accuracy
+    (``acc``) on every split plus the metrics of :meth:`eval_metrics` on validation and test. Each training
+    step returns ``{"loss", "correct", "count"}`` so callbacks can follow online accuracy.
+
+    Args:
+        vocab_size: number of input tokens (inputs are int64 token ids).
+        num_classes: number of target classes.
+        hidden_size: N, the cell's width.
+        cell: a built-in cell alias ("elstm", "qrnn", "sru", "felstm").
+        cell_kwargs: extra keyword arguments of the cell (e.g. ``{"forget_bias": 3.0}`` for eLSTM).
+        embedding_dim: None feeds one-hot tokens (D = vocab_size); an int learns an embedding of that width.
+        ignore_index: target value of unlabelled and padding steps.
+        lr, betas, eps: Adam's hyper-parameters.
+        method: a gradient method or its alias; None takes the trainer strategy's.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_classes: int,
+        hidden_size: int = 64,
+        cell: str = "elstm",
+        cell_kwargs: dict[str, Any] | None = None,
+        embedding_dim: int | None = None,
+        ignore_index: int = IGNORE_INDEX,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        method: str | None = None,
+    ) -> None:
+        width = embedding_dim or vocab_size
+        super().__init__(make_cell(cell, width, hidden_size, **(cell_kwargs or {})), lr=lr, method=method)
+        self.save_hyperparameters()
+        self.vocab_size, self.num_classes, self.ignore_index = vocab_size, num_classes, ignore_index
+        self.betas, self.eps = tuple(betas), eps
+        self.embedding = nn.Embedding(vocab_size, embedding_dim) if embedding_dim else None
+        self.head = nn.Linear(self.cell.output_size, num_classes)
+        # compute_groups=False: metrics with equal states after the first update must not be merged (torchmetrics
+        # would then share one state between, e.g., token and no-op accuracy for the rest of the epoch).
+        self.train_metrics = MetricCollection({"acc": TokenAccuracy(ignore_index)}, compute_groups=False)
+        self.val_metrics = MetricCollection({"acc": TokenAccuracy(ignore_index), **self.eval_metrics()}, compute_groups=False)
+        self.test_metrics = MetricCollection({"acc": TokenAccuracy(ignore_index), **self.eval_metrics()}, compute_groups=False)
+
+    def eval_metrics(self) -> dict[str, Metric]:
+        """Extra validation/test metrics; ``update(logits, targets, sequence_id=...)`` is called on each."""
+        return {"seq_acc": SequenceAccuracy(self.ignore_index)}
+
+    def encode(self, inputs: Tensor) -> Tensor:
+        if self.embedding is not None:
+            return self.embedding(inputs)
+        return nn.functional.one_hot(inputs, self.vocab_size).to(self.head.weight.dtype)
+
+    def logits(self, segment: Segment, stream: str = "train") -> Tensor:
+        """Class logits (M, B, C) of one segment, carrying ``stream``'s state."""
+        return self.head(self(segment.inputs, segment.reset, stream))
+
+    @override
+    def segment_loss(self, outputs: Tensor, segment: Segment) -> dict[str, Tensor]:
+        """Mean cross-entropy over the labelled steps; updates the split's metrics; returns the loss with
+        ``correct`` and ``count`` (labelled steps), which callbacks can follow (online accuracy)."""
+        targets = segment.targets
+        if targets is None:
+            raise ValueError(f"{type(self).__name__} needs supervised segments (Segment.targets is None).")
+        logits = self.head(outputs)
+        labelled = targets != self.ignore_index
+        predicted = logits.detach().argmax(-1)
+        sequence_id = getattr(segment, "sequence_id", None)
+        if sequence_id is None:  # a plain Segment: all of it is one sequence per stream
+            sequence_id = torch.zeros_like(segment.reset, dtype=torch.long)
+        self._metrics(self.current_stream or "train").update(predicted, targets, sequence_id=sequence_id)
+        return {
+            "loss": masked_cross_entropy(logits, targets, self.ignore_index),
+            "correct": ((predicted == targets) & labelled).sum(),
+            "count": labelled.sum(),
+        }
+
+    def _metrics(self, stream: str) -> MetricCollection:
+        return getattr(self, f"{stream}_metrics")
+
+    def _log_metrics(self, stream: str) -> None:
+        # Metrics are logged once per epoch (computed and synced across ranks here), not on every step.
+        metrics = self._metrics(stream)
+        self.log_dict({f"{stream}/{k}": v for k, v in metrics.compute().items()}, prog_bar=True)
+        metrics.reset()
+
+    @override
+    def on_train_epoch_end(self) -> None:
+        self._log_metrics("train")
+
+    @override
+    def on_validation_epoch_end(self) -> None:
+        self._log_metrics("val")
+
+    @override
+    def on_test_epoch_end(self) -> None:
+        self._log_metrics("test")
+
+    @override
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.lr, betas=self.betas, eps=self.eps)

@@ -1,0 +1,162 @@
+"""Lightning strategies that pick the gradient method: ``Trainer(strategy=RTRLStrategy(M=50))``.
+
+Each is a :class:`~lightning.pytorch.strategies.DDPStrategy`, so the same object trains on one device and under DDP
+on several processes or nodes. With a world size of 1 it neither starts a process group nor wraps the model, and
+behaves like Lightning's single-device strategy. The method comes from :data:`onlinerec.gradients.METHODS`: every
+registered name is also a Trainer alias (``Trainer(strategy="rtrl")``, M = 50).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar
+
+from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.strategies import DDPStrategy, Strategy, StrategyRegistry
+from torch.nn import Module
+from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
+
+from onlinerec.gradients import METHODS, GradientMethod
+from onlinerec.training._lightning import complete_checkpoint_io, keep_loader_order
+from onlinerec.training.checkpoint import AtomicCheckpointIO
+
+__all__ = ["STRATEGIES", "OnlineStrategy", "RTRLStrategy", "SnAPStrategy", "TBPTTStrategy", "check_segment_length", "make_strategy"]
+
+
+def check_segment_length(M: Any) -> int:
+    """``M`` itself if it is an int >= 1, else a ValueError that says what M is."""
+    if isinstance(M, bool) or not isinstance(M, int) or M < 1:
+        raise ValueError(f"M (steps between weight updates) must be an int >= 1, got {M!r}. M = 1 is fully online learning.")
+    return M
+
+
+def _check_ddp_kwargs(cls: type, kwargs: dict[str, Any]) -> None:
+    """DDPStrategy forwards unknown keyword arguments to DistributedDataParallel, which would reject a typo only when
+    (and if) a multi-process run wraps the model; refuse it now, naming the accepted ones."""
+    accepted = set(inspect.signature(DDPStrategy.__init__).parameters) | set(
+        inspect.signature(DistributedDataParallel.__init__).parameters
+    )
+    unknown = sorted(set(kwargs) - accepted)
+    if unknown:
+        raise TypeError(
+            f"{cls.__name__} got unexpected keyword argument(s) {unknown}: it takes M, its method's options, and the "
+            "arguments of Lightning's DDPStrategy and torch's DistributedDataParallel."
+        )
+
+
+class OnlineStrategy(DDPStrategy):
+    """A segment length ``M`` and a :class:`~onlinerec.gradients.GradientMethod`, as a Lightning strategy.
+
+    ``M`` is the one source of truth for segment length: data modules read ``trainer.strategy.M``.
+    ``method`` is a registered name ("rtrl", "tbptt", "snap"), a class path or a GradientMethod instance.
+    Extra keyword arguments go to :class:`DDPStrategy` (and on to ``DistributedDataParallel``). Each rank owns its
+    streams; their carried state lives outside the module's buffers, so DDP never overwrites it. Checkpoints are
+    written atomically and loaded weights-only (:class:`~onlinerec.training.checkpoint.AtomicCheckpointIO`) unless
+    ``checkpoint_io=`` (or a ``CheckpointIO`` plugin) says otherwise.
+    """
+
+    default_method: ClassVar[str | None] = None
+
+    def __init__(self, M: int = 50, method: str | GradientMethod | None = None, **kwargs: Any) -> None:
+        self.M = check_segment_length(M)
+        method = self.default_method if method is None else method
+        if method is None:
+            raise ValueError(f"OnlineStrategy needs a gradient method: one of {sorted(METHODS)}, a class path or an instance.")
+        self.method: GradientMethod = METHODS.build(method)
+        _check_ddp_kwargs(type(self), kwargs)
+        super().__init__(**kwargs)
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.num_processes
+
+    @property  # type: ignore[override]
+    def checkpoint_io(self) -> CheckpointIO:
+        self._checkpoint_io = complete_checkpoint_io(self._checkpoint_io, AtomicCheckpointIO())
+        return self._checkpoint_io
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, io: CheckpointIO | None) -> None:
+        self._checkpoint_io = io
+
+    # One process: neither a launcher (so notebooks work), nor a process group, nor a DDP wrapper.
+    @override
+    def _configure_launcher(self) -> None:
+        if self.world_size > 1 or self.cluster_environment is None or self.cluster_environment.creates_processes_externally:
+            super()._configure_launcher()
+
+    @override
+    def setup(self, trainer: Any) -> None:
+        keep_loader_order(trainer)
+        if self.world_size > 1:
+            super().setup(trainer)
+        else:
+            Strategy.setup(self, trainer)
+
+    @override
+    def _setup_model(self, model: Module) -> Module:
+        return super()._setup_model(model) if self.world_size > 1 else model
+
+    @override
+    def setup_distributed(self) -> None:
+        if self.world_size > 1:
+            super().setup_distributed()
+        else:
+            self.set_world_ranks()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(M={self.M}, method={self.method!r})"
+
+
+class RTRLStrategy(OnlineStrategy):
+    """Exact RTRL for element-wise cells; weights update every M steps (docs/rtrl.md)."""
+
+    default_method = "rtrl"
+
+    def __init__(self, M: int = 50, **kwargs: Any) -> None:
+        super().__init__(M, **kwargs)
+
+
+class TBPTTStrategy(OnlineStrategy):
+    """Truncated BPTT: backprop within each M-step segment only."""
+
+    default_method = "tbptt"
+
+    def __init__(self, M: int = 50, **kwargs: Any) -> None:
+        super().__init__(M, **kwargs)
+
+
+class SnAPStrategy(OnlineStrategy):
+    """SnAP-n (n = 1): exact on element-wise cells, a diagonal approximation on fully recurrent ones."""
+
+    default_method = "snap"
+
+    def __init__(self, M: int = 50, n: int = 1, **kwargs: Any) -> None:
+        self.n = n
+        super().__init__(M, method=METHODS["snap"](n=n), **kwargs)
+
+
+STRATEGIES: dict[str, type[OnlineStrategy]] = {
+    cls.default_method: cls for cls in (RTRLStrategy, TBPTTStrategy, SnAPStrategy) if cls.default_method
+}
+"""The strategy class of each built-in method name (others take :class:`OnlineStrategy` with ``method=name``)."""
+
+
+def make_strategy(method: str | GradientMethod, M: int = 50, **kwargs: Any) -> OnlineStrategy:
+    """The strategy for a method name (any name in :data:`~onlinerec.gradients.METHODS`), class path or instance."""
+    if isinstance(method, str) and method.lower() in STRATEGIES:
+        return STRATEGIES[method.lower()](M=M, **kwargs)
+    return OnlineStrategy(M=M, method=method, **kwargs)
+
+
+def register_strategy_aliases() -> None:
+    """Make every registered method name a Trainer alias (``Trainer(strategy="rtrl")``) with M = 50."""
+    for name in METHODS:
+        if name not in StrategyRegistry:
+            cls = STRATEGIES.get(name, OnlineStrategy)
+            init = {} if name in STRATEGIES else {"method": name}
+            StrategyRegistry.register(name, cls, description=f"onlinerec {cls.__name__} (M=50 unless given)", **init)
+
+
+register_strategy_aliases()
