@@ -71,9 +71,7 @@ def _make(backend: str, num_envs: int, seed: int, game: str, procgen_game: str):
         from ale_py.vector_env import AtariVectorEnv
 
         rom = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", game).lower()
-        env = AtariVectorEnv(
-            rom, num_envs, autoreset_mode="SameStep", life_loss_info=True, reward_clipping=False
-        )
+        env = AtariVectorEnv(rom, num_envs, autoreset_mode="SameStep", life_loss_info=True, reward_clipping=False)
         env.reset(seed=seed)
         return (lambda a: env.step(a)), int(env.single_action_space.n)
     if backend == "envpool-atari":
@@ -167,7 +165,9 @@ def main() -> None:
             print(f"rep {rep} {b:16s} {sps:9.0f} vector steps/s  ({sps * args.num_envs:9.0f} env steps/s)", flush=True)
 
     med = {b: statistics.median(v) for b, v in results.items() if v}
-    print(f"\nmedians over {args.reps} interleaved runs, {args.num_envs} envs, {args.steps} steps, {os.cpu_count()} CPUs:")
+    print(
+        f"\nmedians over {args.reps} interleaved runs, {args.num_envs} envs, {args.steps} steps, {os.cpu_count()} CPUs:"
+    )
     for b, m in med.items():
         lo, hi = min(results[b]), max(results[b])
         print(f"  {b:16s} {m:9.0f} vector steps/s  {m * args.num_envs:9.0f} env steps/s  (range {lo:.0f}-{hi:.0f})")

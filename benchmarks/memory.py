@@ -78,7 +78,11 @@ def worker(kind: str, b: int, n: int, d: int, m: int, threads: int) -> dict:
         prof.export_chrome_trace(path)
         with open(path) as fh:
             events = json.load(fh)["traceEvents"]
-    totals = [e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {})]
+    totals = [
+        e["args"]["Total Allocated"]
+        for e in events
+        if e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {})
+    ]
     peak_alloc = max([0, *totals])
 
     # rss: peak resident size during one more update, minus the resident size before it
@@ -97,7 +101,7 @@ def worker(kind: str, b: int, n: int, d: int, m: int, threads: int) -> dict:
 
 def sensitivity_bytes(b: int, n: int, d: int, itemsize: int = 4) -> int:
     """Theoretical RTRL state of the eLSTM core: per stream 2*N*D (input projection [Z; F]) + 2*N (its bias)
-    + 2*N (recurrent weights w_z, w_f) numbers (spec §3)."""
+    + 2*N (recurrent weights w_z, w_f) numbers (docs/rtrl.md#complexity)."""
     return b * (2 * n * d + 4 * n) * itemsize
 
 
@@ -105,7 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small shapes (smoke test)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--kinds", default=None, help="methods (default: tbptt,rtrl,reference,reference-inplace; quick: tbptt,rtrl)")
+    ap.add_argument(
+        "--kinds", default=None, help="methods (default: tbptt,rtrl,reference,reference-inplace; quick: tbptt,rtrl)"
+    )
     ap.add_argument("--worker", nargs=5, metavar=("KIND", "B", "N", "D", "M"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -114,32 +120,70 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     sys.path.insert(0, HERE)
-    shapes = {"atari": (8, 64, 65, 10), "dmlab": (8, 128, 65, 20)} if args.quick else {"atari": (32, 256, 257, 50), "dmlab": (32, 512, 257, 100)}
-    kinds = [k for k in (args.kinds or ("tbptt,rtrl" if args.quick else "tbptt,rtrl,reference,reference-inplace")).split(",") if k]
+    shapes = (
+        {"atari": (8, 64, 65, 10), "dmlab": (8, 128, 65, 20)}
+        if args.quick
+        else {"atari": (32, 256, 257, 50), "dmlab": (32, 512, 257, 100)}
+    )
+    kinds = [
+        k
+        for k in (args.kinds or ("tbptt,rtrl" if args.quick else "tbptt,rtrl,reference,reference-inplace")).split(",")
+        if k
+    ]
     mib = lambda x: "-" if x is None else f"{x / 2**20:.1f}"  # noqa: E731
     print("peak memory of one update above what was live before it (MiB); carried = state kept between updates")
-    print(f"{'shape':<7} {'M':>4} {'method':<18} {'carried':>8} {'peak(alloc)':>12} {'peak(rss)':>10} {'carried+peak':>13} {'sens':>6}")
+    print(
+        f"{'shape':<7} {'M':>4} {'method':<18} {'carried':>8} {'peak(alloc)':>12} {'peak(rss)':>10} {'carried+peak':>13} {'sens':>6}"
+    )
     verdicts = []
     for name, (b, n, d, m_seg) in shapes.items():
         sens = sensitivity_bytes(b, n, d)
         for m in (m_seg, 1):
             rows = {}
             for kind in kinds:
-                cmd = [sys.executable, os.path.abspath(__file__), "--threads", str(args.threads), "--worker", kind, str(b), str(n), str(d), str(m)]
+                cmd = [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--threads",
+                    str(args.threads),
+                    "--worker",
+                    kind,
+                    str(b),
+                    str(n),
+                    str(d),
+                    str(m),
+                ]
                 env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-                out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=os.path.dirname(HERE), env=env)
+                out = subprocess.run(
+                    cmd, check=True, capture_output=True, text=True, cwd=os.path.dirname(HERE), env=env
+                )
                 r = json.loads(out.stdout.strip().splitlines()[-1])
                 rows[kind] = r
                 total = r["carried"] + r["peak_alloc"]
-                print(f"{name:<7} {m:>4} {kind:<18} {mib(r['carried']):>8} {mib(r['peak_alloc']):>12} {mib(r['rss_peak']):>10} {mib(total):>13} {mib(sens):>6}")
+                print(
+                    f"{name:<7} {m:>4} {kind:<18} {mib(r['carried']):>8} {mib(r['peak_alloc']):>12} {mib(r['rss_peak']):>10} {mib(total):>13} {mib(sens):>6}"
+                )
             if "rtrl" in rows and "tbptt" in rows:
                 extra = (rows["rtrl"]["peak_alloc"] - rows["tbptt"]["peak_alloc"]) / sens
-                extra_total = (rows["rtrl"]["carried"] + rows["rtrl"]["peak_alloc"] - rows["tbptt"]["carried"] - rows["tbptt"]["peak_alloc"]) / sens
+                extra_total = (
+                    rows["rtrl"]["carried"]
+                    + rows["rtrl"]["peak_alloc"]
+                    - rows["tbptt"]["carried"]
+                    - rows["tbptt"]["peak_alloc"]
+                ) / sens
                 verdicts.append((name, m, extra, extra_total))
     print()
-    print(f"theoretical sensitivity bytes (fp32, B streams): " + ", ".join(f"{k} {sensitivity_bytes(*v[:3]) / 2**20:.2f} MiB ({sensitivity_bytes(1, *v[1:3]) / 2**20:.3f} MiB per stream)" for k, v in shapes.items()))
+    print(
+        "theoretical sensitivity bytes (fp32, B streams): "
+        + ", ".join(
+            f"{k} {sensitivity_bytes(*v[:3]) / 2**20:.2f} MiB ({sensitivity_bytes(1, *v[1:3]) / 2**20:.3f} MiB per stream)"
+            for k, v in shapes.items()
+        )
+    )
     for name, m, extra, extra_total in verdicts:
-        print(f"{name} M={m}: RTRL peak above start = TBPTT + {extra:.2f} x sensitivity bytes; with the carried state: TBPTT + {extra_total:.2f} x")
+        print(
+            f"{name} M={m}: RTRL peak above start = TBPTT + {extra:.2f} x sensitivity bytes; with the carried state: TBPTT + {extra_total:.2f} x"
+        )
     print("memory " + " ".join(f"{name}_M{m}={extra:.2f}" for name, m, extra, _ in verdicts))
 
 

@@ -197,7 +197,9 @@ class _Marks:
     """Records (wall, cpu, env, rollout) at the start of the first update and at the end of every update, and keeps
     the differences of the updates after the warm-up ones."""
 
-    def __init__(self, result: RunResult, warmup: int, env_seconds: Callable[[], float], rollout_seconds: Callable[[], float]) -> None:
+    def __init__(
+        self, result: RunResult, warmup: int, env_seconds: Callable[[], float], rollout_seconds: Callable[[], float]
+    ) -> None:
         self.result, self.warmup = result, warmup
         self.env_seconds, self.rollout_seconds = env_seconds, rollout_seconds
         self.count = 0
@@ -246,7 +248,12 @@ def run_r2ac(opts: Options, method: str, profile: bool = False) -> RunResult:
     from onlinerec import RTRLStrategy, TBPTTStrategy
     from onlinerec.rl import R2AC, RolloutDataModule
 
-    for noise in (".*IterableDataset. has .__len__. defined.*", ".*does not have many workers.*", ".*no .val_dataloader.*", ".*LeafSpec.*"):
+    for noise in (
+        ".*IterableDataset. has .__len__. defined.*",
+        ".*does not have many workers.*",
+        ".*no .val_dataloader.*",
+        ".*LeafSpec.*",
+    ):
         warnings.filterwarnings("ignore", message=noise)
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)  # no "GPU available" / tips on stdout
@@ -332,7 +339,15 @@ def run_recurrentppo(opts: Options) -> RunResult:
     }
     m, b = opts.M, opts.num_envs
     model = RecurrentPPO(
-        "CnnLstmPolicy", venv, n_steps=m, batch_size=m * b, n_epochs=1, policy_kwargs=policy_kwargs, device="cpu", seed=opts.seed, verbose=0
+        "CnnLstmPolicy",
+        venv,
+        n_steps=m,
+        batch_size=m * b,
+        n_epochs=1,
+        policy_kwargs=policy_kwargs,
+        device="cpu",
+        seed=opts.seed,
+        verbose=0,
     )
     result = RunResult("recurrentppo")
     rollout = {"seconds": 0.0, "start": 0.0}
@@ -464,7 +479,11 @@ class PhaseProbe:
             act = a.get("act", 0.0)
             act_stem, act_core = a.get("act: stem", 0.0), a.get("act: core", 0.0)
             forward = t["bwd_start"] - t["batch_start"]
-            l_stem, l_core, l_vt = a.get("learner: stem fwd", 0.0), a.get("learner: core fwd", 0.0), a.get("learner: V-trace", 0.0)
+            l_stem, l_core, l_vt = (
+                a.get("learner: stem fwd", 0.0),
+                a.get("learner: core fwd", 0.0),
+                a.get("learner: V-trace", 0.0),
+            )
             stem_bwd_at = t.get("stem_bwd", t["bwd_end"])
             phases = {
                 "act: stem": act_stem,
@@ -515,7 +534,10 @@ class Summary:
 def summarise(config: str, runs: list[RunResult]) -> Summary:
     med = statistics.median
     per_run = [med(r.update) for r in runs]
-    share = lambda part: med([sum(getattr(r, part)) / sum(r.update) for r in runs])
+
+    def share(part: str) -> float:
+        return med([sum(getattr(r, part)) / sum(r.update) for r in runs])
+
     return Summary(
         config,
         med(per_run),
@@ -546,7 +568,9 @@ def load() -> str:
 
 
 def print_profile(opts: Options, in_process: bool) -> None:
-    print(f"where R2AC's time goes (one run per method, {opts.updates} updates after {opts.warmup} warm-up; seconds per update)")
+    print(
+        f"where R2AC's time goes (one run per method, {opts.updates} updates after {opts.warmup} warm-up; seconds per update)"
+    )
     res = {}
     for method in ("rtrl", "tbptt"):
         cfg = f"r2ac-{method}"
@@ -558,26 +582,48 @@ def print_profile(opts: Options, in_process: bool) -> None:
         r, t = res["rtrl"].phases[name] / k["rtrl"], res["tbptt"].phases[name] / k["tbptt"]
         print(f"{name:<34} {r:>8.4f} {100 * r / tot['rtrl']:>6.1f}% {t:>8.4f} {100 * t / tot['tbptt']:>7.1f}%  {what}")
     print(f"{'whole update':<34} {tot['rtrl']:>8.4f} {100.0:>6.1f}% {tot['tbptt']:>8.4f} {100.0:>7.1f}%")
-    per_step = {m: (r.phases["act: stem"] + r.phases["act: core"] + r.phases["act: heads, sampling"]) / (k[m] * opts.M) for m, r in res.items()}
-    print(f"acting per agent step (B = {opts.num_envs}): rtrl {1e3 * per_step['rtrl']:.2f} ms, tbptt {1e3 * per_step['tbptt']:.2f} ms")
+    per_step = {
+        m: (r.phases["act: stem"] + r.phases["act: core"] + r.phases["act: heads, sampling"]) / (k[m] * opts.M)
+        for m, r in res.items()
+    }
+    print(
+        f"acting per agent step (B = {opts.num_envs}): rtrl {1e3 * per_step['rtrl']:.2f} ms, tbptt {1e3 * per_step['tbptt']:.2f} ms"
+    )
     print(f"load average after: {load()}")
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--env", default="ALE/Breakout-v5", help="Atari env id (default ALE/Breakout-v5)")
     ap.add_argument("--num-envs", type=int, default=8, help="B, parallel envs (default 8)")
-    ap.add_argument("--M", type=int, default=None, help="rollout length = R2AC segment = RecurrentPPO n_steps (default 32, quick: 8)")
+    ap.add_argument(
+        "--M",
+        type=int,
+        default=None,
+        help="rollout length = R2AC segment = RecurrentPPO n_steps (default 32, quick: 8)",
+    )
     ap.add_argument("--updates", type=int, default=None, help="timed updates per run (default 12, quick: 2)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed updates first (default 3, quick: 1)")
     ap.add_argument("--reps", type=int, default=None, help="runs per configuration, interleaved (default 5, quick: 1)")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads (default: all cores)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of: " + ",".join(CONFIGS))
-    ap.add_argument("--ppo-lstm", choices=("shared", "separate"), default="shared",
-                    help="RecurrentPPO: one LSTM for policy and value (matched to R2AC's one core; default) or SB3's default second critic LSTM")
-    ap.add_argument("--in-process", action="store_true", help="run every configuration in this process (default with --quick)")
-    ap.add_argument("--profile", action="store_true", help="print where R2AC's time goes (RTRL and TBPTT) instead of the comparison")
-    ap.add_argument("--quick", action="store_true", help="smoke run: M = 8, 1 warm-up + 2 timed updates, 1 repetition, in process")
+    ap.add_argument(
+        "--ppo-lstm",
+        choices=("shared", "separate"),
+        default="shared",
+        help="RecurrentPPO: one LSTM for policy and value (matched to R2AC's one core; default) or SB3's default second critic LSTM",
+    )
+    ap.add_argument(
+        "--in-process", action="store_true", help="run every configuration in this process (default with --quick)"
+    )
+    ap.add_argument(
+        "--profile", action="store_true", help="print where R2AC's time goes (RTRL and TBPTT) instead of the comparison"
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="smoke run: M = 8, 1 warm-up + 2 timed updates, 1 repetition, in process"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker-options", default=None, help=argparse.SUPPRESS)
@@ -616,9 +662,11 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"machine: {machine(opts.threads)}")
     print(f"load average before: {load()}")
-    print(f"setup: {opts.env_id}, B = {opts.num_envs} envs, M = {opts.M} steps per update ({opts.M * opts.num_envs * FRAME_SKIP} frames), "
-          f"{opts.warmup} warm-up + {opts.updates} timed updates per run, {reps} interleaved runs per configuration"
-          f"{' (in process)' if in_process else ' (fresh subprocess each)'}; RecurrentPPO LSTM: {opts.ppo_lstm}")
+    print(
+        f"setup: {opts.env_id}, B = {opts.num_envs} envs, M = {opts.M} steps per update ({opts.M * opts.num_envs * FRAME_SKIP} frames), "
+        f"{opts.warmup} warm-up + {opts.updates} timed updates per run, {reps} interleaved runs per configuration"
+        f"{' (in process)' if in_process else ' (fresh subprocess each)'}; RecurrentPPO LSTM: {opts.ppo_lstm}"
+    )
     if args.profile:
         print_profile(opts, in_process)
         return
@@ -633,12 +681,16 @@ def main(argv: list[str] | None = None) -> None:
     steps = opts.M * opts.num_envs
     print()
     print("per update (collect M steps from B envs + one gradient pass; env: M vector steps), medians over runs")
-    print(f"{'config':<14} {'frames/s':>9} {'steps/s':>8} {'s/update':>9} {'min s':>7} {'cpu s':>7} {'env %':>6} {'rollout %':>9} {'/r2ac-rtrl':>10}")
+    print(
+        f"{'config':<14} {'frames/s':>9} {'steps/s':>8} {'s/update':>9} {'min s':>7} {'cpu s':>7} {'env %':>6} {'rollout %':>9} {'/r2ac-rtrl':>10}"
+    )
     base = summaries.get("r2ac-rtrl")
     for c, s in summaries.items():
         rel = f"{s.update_s / base.update_s:>10.2f}" if base else f"{'-':>10}"
-        print(f"{c:<14} {steps * FRAME_SKIP / s.update_s:>9.0f} {steps / s.update_s:>8.0f} {s.update_s:>9.3f} {s.min_s:>7.3f} {s.cpu_s:>7.3f} "
-              f"{100 * s.env_share:>5.1f}% {100 * s.rollout_share:>8.1f}% {rel}")
+        print(
+            f"{c:<14} {steps * FRAME_SKIP / s.update_s:>9.0f} {steps / s.update_s:>8.0f} {s.update_s:>9.3f} {s.min_s:>7.3f} {s.cpu_s:>7.3f} "
+            f"{100 * s.env_share:>5.1f}% {100 * s.rollout_share:>8.1f}% {rel}"
+        )
     for c, rs in runs.items():
         print(f"  {c:<12} per-run medians s/update: " + " ".join(f"{statistics.median(r.update):.3f}" for r in rs))
     print(f"load average after: {load()}")
@@ -650,9 +702,11 @@ def main(argv: list[str] | None = None) -> None:
         return f"{(b / a if inverse else a / b):.2f}"
 
     # a: frames/s ratio = inverse ratio of seconds per update (equal frames per update); c: env steps/s over R2AC's
-    print("same ratios from process CPU time per update (less sensitive to waiting for a shared core): "
-          f"r2ac/recurrentppo={ratio('r2ac-rtrl', 'recurrentppo', True, 'cpu_s')} rtrl/tbptt_e2e={ratio('r2ac-rtrl', 'r2ac-tbptt', attr='cpu_s')} "
-          f"env_overhead={ratio('r2ac-rtrl', 'env', attr='cpu_s')}")
+    print(
+        "same ratios from process CPU time per update (less sensitive to waiting for a shared core): "
+        f"r2ac/recurrentppo={ratio('r2ac-rtrl', 'recurrentppo', True, 'cpu_s')} rtrl/tbptt_e2e={ratio('r2ac-rtrl', 'r2ac-tbptt', attr='cpu_s')} "
+        f"env_overhead={ratio('r2ac-rtrl', 'env', attr='cpu_s')}"
+    )
     a = ratio("r2ac-rtrl", "recurrentppo", inverse=True)
     b = ratio("r2ac-rtrl", "r2ac-tbptt")
     c = ratio("r2ac-rtrl", "env")

@@ -6,7 +6,7 @@ outputs, backward, and the carry to the next segment; every cell parameter ends 
 
 - ``tbptt``: onlinerec's TBPTT (backprop within the segment only).
 - ``rtrl``: onlinerec's RTRL (exact; autograd surrogate for the carried sensitivities, batched carry).
-- ``reference``: the paper's scheme written out for the eLSTM (spec §2.2-2.3), as in the official code:
+- ``reference``: the paper's scheme written out for the eLSTM (docs/rtrl.md#sensitivity-recursions), as in the official code:
   the core parameters are excluded from autograd, the state runs without a graph, the loss is
   backpropagated into a retained tensor of states to get the top gradient e_t, then the sensitivities
   are updated step by step under no_grad (out of place, outer product by bmm) and the core gradients
@@ -52,7 +52,7 @@ QUICK_SHAPES = {"atari": (8, 64, 65, 10), "dmlab": (8, 128, 65, 20)}
 
 
 # ----------------------------------------------------------------------------------------------
-# Reference: the paper's RTRL scheme for the eLSTM, written out by hand (spec §2.2-2.3).
+# Reference: the paper's RTRL scheme for the eLSTM, written out by hand (docs/rtrl.md#sensitivity-recursions).
 # ----------------------------------------------------------------------------------------------
 class ReferenceRTRL:
     """Step-by-step sensitivity recursion with hand-accumulated gradients, for :class:`ELSTMCell`.
@@ -72,7 +72,12 @@ class ReferenceRTRL:
         ref = cell.input_proj.weight
         n, d = cell.hidden_size, cell.input_size
         z = lambda *s: torch.zeros(*s, dtype=ref.dtype, device=ref.device)  # noqa: E731
-        return {"c": z(batch_size, n), "S_W": z(batch_size, 2, n, d), "s_b": z(batch_size, 2, n), "s_w": z(batch_size, 2, n)}
+        return {
+            "c": z(batch_size, n),
+            "S_W": z(batch_size, 2, n, d),
+            "s_b": z(batch_size, 2, n),
+            "s_w": z(batch_size, 2, n),
+        }
 
     def update(self, inputs: torch.Tensor, reset: torch.Tensor, carry: dict, loss_fn) -> dict:
         """One segment: forward, loss_fn(states, inputs).backward(), RTRL grads into .grad; returns the carry."""
@@ -102,7 +107,11 @@ class ReferenceRTRL:
         loss_fn(core_output, inputs).backward()
         e = core_output.grad
 
-        grads = {"W": torch.zeros(2, n, d, dtype=inputs.dtype), "b": torch.zeros(2, n, dtype=inputs.dtype), "w": torch.zeros(2, n, dtype=inputs.dtype)}
+        grads = {
+            "W": torch.zeros(2, n, d, dtype=inputs.dtype),
+            "b": torch.zeros(2, n, dtype=inputs.dtype),
+            "w": torch.zeros(2, n, dtype=inputs.dtype),
+        }
         S_W, s_b, s_w = carry["S_W"], carry["s_b"], carry["s_w"]
         with torch.no_grad():
             for t in range(m):
@@ -126,7 +135,11 @@ class ReferenceRTRL:
                     grads["W"] += (et[:, None, :, None] * S_W).sum(0)
                 grads["b"] += (et[:, None, :] * s_b).sum(0)
                 grads["w"] += (et[:, None, :] * s_w).sum(0)
-        for p, g in ((cell.input_proj.weight, grads["W"].view(2 * n, d)), (cell.input_proj.bias, grads["b"].view(2 * n)), (cell.recurrent_weight, grads["w"])):
+        for p, g in (
+            (cell.input_proj.weight, grads["W"].view(2 * n, d)),
+            (cell.input_proj.bias, grads["b"].view(2 * n)),
+            (cell.recurrent_weight, grads["w"]),
+        ):
             p.grad = g.to(p.dtype) if p.grad is None else p.grad + g
         return {"c": c, "S_W": S_W, "s_b": s_b, "s_w": s_w}
 
@@ -199,7 +212,9 @@ def compare(kind: str, n: int, d: int, b: int, m: int, segments: int, dtype: tor
             worst = max(worst, rel_err(p.grad, g0[name].grad))
     worst = max(worst, rel_err(runners[1].carry["c"], runners[0].carry.c))
     if not worst <= tol:
-        sys.exit(f"FAIL: {kind} gradients differ from onlinerec's RTRL (max rel. err {worst:.3g} > {tol:g}, {dtype}, N={n} D={d} B={b} M={m})")
+        sys.exit(
+            f"FAIL: {kind} gradients differ from onlinerec's RTRL (max rel. err {worst:.3g} > {tol:g}, {dtype}, N={n} D={d} B={b} M={m})"
+        )
     return worst
 
 
@@ -214,7 +229,9 @@ class Timing:
     reps: int
 
 
-def time_methods(kinds: list[str], shape: tuple[int, int, int, int], reps: int, warmup: int, seed: int) -> dict[str, Timing]:
+def time_methods(
+    kinds: list[str], shape: tuple[int, int, int, int], reps: int, warmup: int, seed: int
+) -> dict[str, Timing]:
     """Interleaved repetitions (the order rotates every round), after ``warmup`` untimed updates each."""
     b, n, d, m = shape
     runners = {k: Runner(k, make_cell(n, d, torch.float32, seed), b) for k in kinds}
@@ -232,11 +249,14 @@ def time_methods(kinds: list[str], shape: tuple[int, int, int, int], reps: int, 
             runners[k].step(x, reset)
             times[k].append(time.perf_counter() - t0)
             cpu[k].append(time.process_time() - c0)
-    return {k: Timing(statistics.median(v) * 1e3, min(v) * 1e3, statistics.median(cpu[k]) * 1e3, len(v)) for k, v in times.items()}
+    return {
+        k: Timing(statistics.median(v) * 1e3, min(v) * 1e3, statistics.median(cpu[k]) * 1e3, len(v))
+        for k, v in times.items()
+    }
 
 
 def sensitivity_bytes(b: int, n: int, d: int, itemsize: int = 4) -> int:
-    """Theoretical RTRL state for the eLSTM core per update: B * (2*N*D + 2*N + 2*N) floats (spec §3)."""
+    """Theoretical RTRL state for the eLSTM core per update: B * (2*N*D + 2*N + 2*N) floats (docs/rtrl.md#complexity)."""
     return b * (2 * n * d + 4 * n) * itemsize
 
 
@@ -254,10 +274,14 @@ def machine() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads (default: all cores)")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions per method (default 9, quick: 3)")
-    ap.add_argument("--online-reps", type=int, default=None, help="timed repetitions of the M=1 step (default 31, quick: 5)")
+    ap.add_argument(
+        "--online-reps", type=int, default=None, help="timed repetitions of the M=1 step (default 31, quick: 5)"
+    )
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="small shapes and few repetitions (smoke test)")
     ap.add_argument("--shapes", default="atari,dmlab", help="comma-separated subset of: " + ",".join(SHAPES))
@@ -279,39 +303,64 @@ def main(argv: list[str] | None = None) -> None:
         e64 = compare(kind, n=7, d=5, b=4, m=6, segments=4, dtype=torch.float64, tol=1e-10)
         bb, nn_, dd, mm = shapes[names[0]] if names else QUICK_SHAPES["atari"]
         e32 = compare(kind, n=nn_, d=dd, b=bb, m=mm, segments=2, dtype=torch.float32, tol=1e-4)
-        print(f"check: {kind} gradients = onlinerec RTRL (float64 rel. err {e64:.1e}; float32 at {names[0] if names else 'quick'} shape {e32:.1e})")
+        print(
+            f"check: {kind} gradients = onlinerec RTRL (float64 rel. err {e64:.1e}; float32 at {names[0] if names else 'quick'} shape {e32:.1e})"
+        )
 
     header = f"{'shape':<7} {'B':>3} {'N':>4} {'D':>4} {'M':>4}  {'method':<18} {'median ms':>10} {'min ms':>9} {'cpu ms':>9} {'/tbptt':>7} {'cpu/tbptt':>9}"
     print()
-    print("one update (forward + backward + carry), medians of interleaved repetitions (wall clock; cpu = process CPU time)")
+    print(
+        "one update (forward + backward + carry), medians of interleaved repetitions (wall clock; cpu = process CPU time)"
+    )
     print(header)
     ratios = {}
     for s in names:
         b, n, d, m = shapes[s]
-        res = time_methods(["tbptt", "rtrl", "reference", "reference-inplace"], (b, n, d, m), reps, args.warmup, args.seed)
+        res = time_methods(
+            ["tbptt", "rtrl", "reference", "reference-inplace"], (b, n, d, m), reps, args.warmup, args.seed
+        )
         base, base_cpu = res["tbptt"].median_ms, res["tbptt"].cpu_ms
         for k, t in res.items():
-            print(f"{s:<7} {b:>3} {n:>4} {d:>4} {m:>4}  {k:<18} {t.median_ms:>10.2f} {t.min_ms:>9.2f} {t.cpu_ms:>9.2f} {t.median_ms / base:>7.2f} {t.cpu_ms / base_cpu:>9.2f}")
+            print(
+                f"{s:<7} {b:>3} {n:>4} {d:>4} {m:>4}  {k:<18} {t.median_ms:>10.2f} {t.min_ms:>9.2f} {t.cpu_ms:>9.2f} {t.median_ms / base:>7.2f} {t.cpu_ms / base_cpu:>9.2f}"
+            )
         ratios[s] = res["rtrl"].median_ms / base
 
     print()
-    print("M = 1 online step (forward + backward + carry), medians of interleaved repetitions (wall clock; cpu = process CPU time)")
-    print(f"{'shape':<7} {'B':>3} {'N':>4} {'D':>4}  {'method':<18} {'median ms':>10} {'min ms':>9} {'cpu ms':>9} {'ref/this':>9} {'cpu ref/this':>12}")
+    print(
+        "M = 1 online step (forward + backward + carry), medians of interleaved repetitions (wall clock; cpu = process CPU time)"
+    )
+    print(
+        f"{'shape':<7} {'B':>3} {'N':>4} {'D':>4}  {'method':<18} {'median ms':>10} {'min ms':>9} {'cpu ms':>9} {'ref/this':>9} {'cpu ref/this':>12}"
+    )
     online = {}
     for s in names:
         b, n, d, _ = shapes[s]
-        res = time_methods(["rtrl", "reference", "reference-inplace", "tbptt"], (b, n, d, 1), online_reps, max(args.warmup, 3), args.seed)
+        res = time_methods(
+            ["rtrl", "reference", "reference-inplace", "tbptt"],
+            (b, n, d, 1),
+            online_reps,
+            max(args.warmup, 3),
+            args.seed,
+        )
         ref, ref_cpu = res["reference"].median_ms, res["reference"].cpu_ms
         for k, t in res.items():
-            print(f"{s:<7} {b:>3} {n:>4} {d:>4}  {k:<18} {t.median_ms:>10.3f} {t.min_ms:>9.3f} {t.cpu_ms:>9.3f} {ref / t.median_ms:>9.2f} {ref_cpu / t.cpu_ms:>12.2f}")
+            print(
+                f"{s:<7} {b:>3} {n:>4} {d:>4}  {k:<18} {t.median_ms:>10.3f} {t.min_ms:>9.3f} {t.cpu_ms:>9.3f} {ref / t.median_ms:>9.2f} {ref_cpu / t.cpu_ms:>12.2f}"
+            )
         online[s] = ref / res["rtrl"].median_ms
         print(f"{s:<7} RTRL vs reference-inplace: {res['reference-inplace'].median_ms / res['rtrl'].median_ms:.2f}x")
 
     print()
-    print("sensitivity state (theoretical, fp32): " + ", ".join(f"{s} {sensitivity_bytes(*shapes[s][:3]) / 2**20:.1f} MiB" for s in names))
+    print(
+        "sensitivity state (theoretical, fp32): "
+        + ", ".join(f"{s} {sensitivity_bytes(*shapes[s][:3]) / 2**20:.1f} MiB" for s in names)
+    )
     fmt = lambda v: "nan" if v is None else f"{v:.2f}"  # noqa: E731
     first = "atari" if "atari" in online else (names[0] if names else None)
-    print(f"ratios rtrl/tbptt atari={fmt(ratios.get('atari'))} dmlab={fmt(ratios.get('dmlab'))} online_speedup={fmt(online.get(first) if first else None)}")
+    print(
+        f"ratios rtrl/tbptt atari={fmt(ratios.get('atari'))} dmlab={fmt(ratios.get('dmlab'))} online_speedup={fmt(online.get(first) if first else None)}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""R2AC on Atari (paper settings, spec §5.4): Breakout, Gravitar, MsPacman, Qbert, Seaquest.
+"""R2AC on Atari (paper settings, docs/r2ac.md#per-environment-settings): Breakout, Gravitar, MsPacman, Qbert, Seaquest.
 
     python examples/atari.py --game qbert                         # the paper's run: 200 M steps, M=50, IMPALA stem
     python examples/atari.py --game breakout --method tbptt       # the TBPTT baseline (or feedforward, snap)

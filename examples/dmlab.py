@@ -1,4 +1,4 @@
-"""R2AC on DeepMind Lab memory levels (spec §5.4, §7.1): rooms_watermaze, rooms_select_nonmatching_object.
+"""R2AC on DeepMind Lab memory levels (docs/r2ac.md#per-environment-settings): rooms_watermaze, rooms_select_nonmatching_object.
 
     python examples/dmlab.py --level rooms_watermaze --M 50
     python examples/dmlab.py --level rooms_select_nonmatching_object --M 10 --method tbptt

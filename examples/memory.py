@@ -2,13 +2,14 @@
 
     python examples/memory.py                                   # built-in T-maze (configs/memory_tmaze.yaml), RTRL
     python examples/memory.py --method tbptt                    # same settings, truncated gradients
+    python examples/memory.py --cell none                       # the feed-forward baseline
     python examples/memory.py --env popgym:RepeatFirstEasy --env_kwargs '{}'    # an installable POPGym task
     python examples/memory.py --env MiniGrid-MemoryS7-v0 --env_kwargs '{}' --stem nature
 
 The built-in passive T-maze ("memory:tmaze") shows a cue only at the first step of a trial and rewards the
 matching choice ``length`` steps later. With ``length`` > M + 1 the cue and the reward never share a TBPTT
 window, so TBPTT(M) stays at chance (0.5 with two cues) while RTRL(M) can learn it. POPGym and MiniGrid need
-``pip install 'onlinerec[memory]'``. Any ``ExperimentConfig`` field can be overridden.
+``pip install 'onlinerec[memory]'``. The same as ``onlinerec rl --config examples/configs/memory_tmaze.yaml``.
 """
 
 from __future__ import annotations
@@ -19,4 +20,4 @@ from pathlib import Path
 from onlinerec.rl.runner import main
 
 if __name__ == "__main__":
-    sys.exit(main(None, Path(__file__).resolve().parent / "configs" / "memory_tmaze.yaml", description=__doc__))
+    sys.exit(main(sys.argv[1:], Path(__file__).resolve().parent / "configs" / "memory_tmaze.yaml", description=__doc__))

@@ -1,10 +1,10 @@
-"""R2AC on ProcGen Chaser, hard mode (spec §5.4, §7.3): 200 M steps from scratch, M = 5 or 50, N = 256.
+"""R2AC on ProcGen Chaser, hard mode (docs/r2ac.md#per-environment-settings): 200 M steps from scratch, M = 5 or 50, N = 256.
 
-    python examples/procgen.py --M 5                        # configs/procgen_chaser_m5.yaml (RTRL)
-    python examples/procgen.py --M 50 --method tbptt        # configs/procgen_chaser_m50.yaml, TBPTT baseline
-    python examples/procgen.py --M 5 --total_frames 2e5 --stem nature --num_envs 16      # a CPU-sized run
+    python examples/train_procgen.py --M 5                        # configs/procgen_chaser_m5.yaml (RTRL)
+    python examples/train_procgen.py --M 50 --method tbptt        # configs/procgen_chaser_m50.yaml, TBPTT baseline
+    python examples/train_procgen.py --M 5 --total_frames 2e5 --stem nature --num_envs 16      # a CPU-sized run
 
-Training levels 0..499; the final greedy evaluation plays test levels (start 1000, 200 levels; spec §8.2).
+Training levels 0..499; the final greedy evaluation plays test levels (start 1000, 200 levels; docs/r2ac.md#procgen).
 Any ``ExperimentConfig`` field can be overridden. Needs ``pip install 'onlinerec[procgen]'`` (procgen-mirror).
 """
 

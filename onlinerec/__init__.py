@@ -5,7 +5,16 @@ Layers, each importing only from the ones before it: ``cells`` -> ``gradients`` 
 See docs/architecture.md.
 """
 
-from onlinerec.cells import CELLS, ElementwiseCell, ELSTMCell, FELSTMCell, FullyRecurrentCell, QRNNCell, SRUCell, make_cell
+from onlinerec.cells import (
+    CELLS,
+    ElementwiseCell,
+    ELSTMCell,
+    FELSTMCell,
+    FullyRecurrentCell,
+    QRNNCell,
+    SRUCell,
+    make_cell,
+)
 from onlinerec.data import Segment, SegmentStream
 from onlinerec.gradients import METHODS, RTRL, TBPTT, Carry, GradientMethod, NotElementwiseError, SnAP, check_gradients
 from onlinerec.registry import Registry

@@ -1,35 +1,44 @@
-"""The ``onlinerec`` command: ``onlinerec demo`` plus Lightning's ``fit`` / ``validate`` / ``test`` / ``predict``.
+"""The ``onlinerec`` command: ``demo``, ``rl`` and Lightning's ``fit`` / ``validate`` / ``test`` / ``predict``.
 
-``onlinerec demo [options]`` runs :mod:`onlinerec.tasks.demo`. Every other subcommand is a
-:class:`~lightning.pytorch.cli.LightningCLI` over any LightningModule and LightningDataModule named by
-``class_path`` (for example ``onlinerec fit --config examples/copy_task.yaml``); the trainer's strategy may be
-``rtrl`` / ``tbptt`` / ``snap`` or a ``class_path: onlinerec.RTRLStrategy`` with ``init_args: {M: ...}``.
+Every subcommand is configured the same way (jsonargparse; :mod:`onlinerec.config`): ``--config file.yaml``, dotted
+overrides, and ``--help`` listing every option with its docstring.
+
+- ``onlinerec demo [options]``: :mod:`onlinerec.tasks.demo` (:class:`~onlinerec.tasks.demo.DemoConfig`).
+- ``onlinerec rl --config file.yaml [options]``: one R2AC experiment (:class:`~onlinerec.rl.runner.ExperimentConfig`).
+- ``onlinerec fit|validate|test|predict --config file.yaml``: a :class:`~lightning.pytorch.cli.LightningCLI` over any
+  LightningModule and LightningDataModule named by ``class_path`` (``onlinerec fit --config examples/copy_task.yaml``);
+  the trainer's strategy may be ``rtrl`` / ``tbptt`` / ``snap`` or ``class_path: onlinerec.RTRLStrategy`` with
+  ``init_args: {M: ...}``.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from lightning.pytorch.cli import LightningCLI
 
 USAGE = """\
-usage: onlinerec demo [--quick] [--seeds K] [--M M] [--delay STEPS] [--steps N] [--out-dir DIR] ...
+usage: onlinerec demo [--quick] [--seeds K] [--M M] [--delay STEPS] [--steps N] [--out_dir DIR] ...
+       onlinerec rl --config CONFIG.yaml [--method rtrl|tbptt|snap] [--M M] [--r2ac.lr LR] ...
        onlinerec {fit,validate,test,predict} --config CONFIG.yaml [--trainer.* ...] [--model.* ...] [--data.* ...]
 
   demo      train an eLSTM with exact RTRL and with truncated BPTT (same M) on a built-in delayed-recall
             task on CPU, and compare them (`onlinerec demo --help` lists its options)
+  rl        train R2AC (the real-time recurrent actor-critic) on an env from a YAML config
+            (`onlinerec rl --help`; example: `onlinerec rl --config examples/configs/memory_tmaze.yaml`)
   fit, validate, test, predict
             Lightning's command line (LightningCLI) for any onlinerec model and data module
             (`onlinerec fit --help`; example: `onlinerec fit --config examples/copy_task.yaml`)
 """
 
 
-def lightning_cli(args: Sequence[str], run: bool = True) -> LightningCLI:
-    """LightningCLI with subclass mode for model and data (``class_path`` in configs) and onlinerec's strategies."""
+def lightning_cli(args: Sequence[str] | None = None, run: bool = True) -> LightningCLI:
+    """LightningCLI with subclass mode for model and data (``class_path`` in configs) and onlinerec's strategies.
+
+    ``args=None`` reads ``sys.argv`` (as a console script does; DDP's launcher re-runs the same command line)."""
     from lightning.pytorch import LightningDataModule, LightningModule
     from lightning.pytorch.cli import LightningCLI
 
@@ -40,22 +49,57 @@ def lightning_cli(args: Sequence[str], run: bool = True) -> LightningCLI:
         LightningDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
-        args=list(args),
+        args=None if args is None else list(args),
         run=run,
         save_config_kwargs={"overwrite": True},
     )
 
 
+def strategy_by_class_path(args: Sequence[str]) -> list[str]:
+    """``--trainer.strategy tbptt`` -> ``--trainer.strategy.class_path onlinerec.TBPTTStrategy``.
+
+    Given by its alias, jsonargparse replaces the whole strategy and drops the config's ``init_args`` (so ``M`` would
+    fall back to 50 without a word); given by class path, the arguments the new strategy also takes (``M``) are kept.
+    """
+    from onlinerec.training.strategies import STRATEGIES
+
+    out, i = [], 0
+    while i < len(args):
+        arg, value = args[i], None
+        if arg.startswith("--trainer.strategy="):
+            arg, value = arg.split("=", 1)
+        elif arg == "--trainer.strategy" and i + 1 < len(args):
+            i, value = i + 1, args[i + 1]
+        if value is None:
+            out.append(arg)
+        elif value.lower() in STRATEGIES:
+            out += ["--trainer.strategy.class_path", f"onlinerec.{STRATEGIES[value.lower()].__name__}"]
+        else:
+            out += [arg, value]
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "demo":
-        from onlinerec.tasks.demo import main as demo_main
-
-        return demo_main(args[1:])
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if args else 2
-    lightning_cli(args)
+    command, rest = args[0], args[1:]
+    if command == "demo":
+        from onlinerec.tasks.demo import main as demo_main
+
+        return demo_main(rest)
+    if command == "rl":
+        from onlinerec.rl.runner import main as rl_main
+
+        return rl_main(rest)
+    args = strategy_by_class_path(args)
+    if argv is None:  # LightningCLI reads sys.argv itself (and DDP's launcher re-runs it): rewrite it in place
+        sys.argv[1:] = args
+        lightning_cli()
+    else:
+        lightning_cli(args)
     return 0
 
 

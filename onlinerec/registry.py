@@ -78,7 +78,9 @@ class Registry(Mapping[str, type], Generic[T]):
                 f"a {self.kind} is given by name, class path, {self.base.__name__} subclass or instance; got {type(spec).__name__} {spec!r}."
             )
         if not issubclass(cls, self.base):
-            raise TypeError(f"{spec!r} is not a {self.kind}: {cls.__qualname__} does not subclass {self.base.__name__}.")
+            raise TypeError(
+                f"{spec!r} is not a {self.kind}: {cls.__qualname__} does not subclass {self.base.__name__}."
+            )
         return cls
 
     def build(self, spec: Any, *args: Any, **kwargs: Any) -> T:

@@ -7,7 +7,6 @@ import os
 import pytest
 import torch
 
-
 os.environ.setdefault("PYTHONHASHSEED", "0")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 

@@ -29,6 +29,11 @@ class Regressor(OnlineRecurrentModule):
 def quiet_trainer(strategy: Any = "rtrl", **kwargs: Any) -> L.Trainer:
     """A CPU trainer with no logger, checkpoints, progress bar or summary unless asked for."""
     defaults = dict(
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
     )
     return L.Trainer(strategy=strategy, **{**defaults, **kwargs})

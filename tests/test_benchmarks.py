@@ -16,8 +16,15 @@ BENCHMARKS = ROOT / "benchmarks"
 
 def run_quick(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, str(BENCHMARKS / script), "--quick", *args], check=False, capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=env)
+    return subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--quick", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
 
 
 def test_r2ac_throughput_quick():

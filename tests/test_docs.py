@@ -20,8 +20,39 @@ def test_tutorial_code_runs(page, capsys):
     assert len(blocks) >= 4
     namespace: dict = {}
     for block in blocks:
-        exec(compile(block, f"{page}", "exec"), namespace)
+        exec(compile(block, f"{page}", "exec"), namespace)  # noqa: S102  (the tutorial's own code)
     out = capsys.readouterr().out
     assert "Mixing" in out  # the refusal names the user's cell
     loss = float(re.search(r"final training loss: ([0-9.e-]+)", out).group(1))
     assert loss < 0.1, f"the RTRL-trained tutorial cell did not learn the running sum (loss {loss})"
+
+
+def slug(heading: str) -> str:
+    """GitHub's heading anchor (what mkdocs.yml's slugify also produces): lower case, punctuation dropped, spaces -> -."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return {slug(h) for h in re.findall(r"^#{1,6}\s+(.+?)\s*$", text, flags=re.M)}
+
+
+ROOT = DOCS.parent
+CITING = sorted(
+    p for d in ("onlinerec", "examples", "benchmarks") for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".yaml")
+)
+
+
+def test_every_docs_reference_in_the_code_resolves():
+    """The code cites the docs as docs/<page>.md#<anchor>; each page and heading must exist."""
+    missing = []
+    for path in CITING:
+        for page, anchor in re.findall(r"(?<![\w/.])docs/([\w/]+\.md)(?:#([\w-]+))?", path.read_text()):
+            target = DOCS / page
+            if not target.parent.is_dir():  # another project's docs folder (e.g. DeepMind Lab's docs/users/)
+                continue
+            if not target.exists() or (anchor and anchor not in anchors(target)):
+                missing.append(f"{path.relative_to(ROOT)}: docs/{page}#{anchor}")
+    assert CITING and not missing, missing

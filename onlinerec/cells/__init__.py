@@ -25,7 +25,9 @@ def make_cell(cell: str | type | ElementwiseCell, input_size: int, hidden_size: 
     """
     if isinstance(cell, ElementwiseCell):
         if kwargs:
-            raise ValueError(f"got a {type(cell).__name__} instance and cell keyword arguments {sorted(kwargs)}; pass one or the other.")
+            raise ValueError(
+                f"got a {type(cell).__name__} instance and cell keyword arguments {sorted(kwargs)}; pass one or the other."
+            )
         if (cell.input_size, cell.hidden_size) != (input_size, hidden_size):
             raise ValueError(
                 f"the given {type(cell).__name__} has input_size={cell.input_size}, hidden_size={cell.hidden_size}, but this "
@@ -36,4 +38,13 @@ def make_cell(cell: str | type | ElementwiseCell, input_size: int, hidden_size: 
     return CELLS.build(cell, input_size, hidden_size, **kwargs)
 
 
-__all__ = ["CELLS", "ELSTMCell", "ElementwiseCell", "FELSTMCell", "FullyRecurrentCell", "QRNNCell", "SRUCell", "make_cell"]
+__all__ = [
+    "CELLS",
+    "ELSTMCell",
+    "ElementwiseCell",
+    "FELSTMCell",
+    "FullyRecurrentCell",
+    "QRNNCell",
+    "SRUCell",
+    "make_cell",
+]

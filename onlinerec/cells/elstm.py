@@ -1,4 +1,4 @@
-"""eLSTM (spec §1): coupled forget/input gate, element-wise recurrent weights, output gate on [x; c]."""
+"""eLSTM (docs/rtrl.md#the-elstm-cell): coupled forget/input gate, element-wise recurrent weights, output gate on [x; c]."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from onlinerec.cells.base import ElementwiseCell, FullyRecurrentCell, normal_
 
 
 def _elstm_update(a: Tensor, c_prev: Tensor) -> Tensor:
-    # a[..., 0, :] is the candidate pre-activation, a[..., 1, :] the forget gate's (Z first, as in spec §1.2).
+    # a[..., 0, :] is the candidate pre-activation, a[..., 1, :] the forget gate's (Z first, as in docs/rtrl.md#parameters-and-initialisation).
     z = torch.tanh(a[..., 0, :])
     f = torch.sigmoid(a[..., 1, :])
     return f * c_prev + (1.0 - f) * z
 
 
 class _OutputGate(nn.Module):
-    """h = sigmoid(W_o [x; c] + b_o) * c: feed-forward, reads the new state c (spec §1.1)."""
+    """h = sigmoid(W_o [x; c] + b_o) * c: feed-forward, reads the new state c (docs/rtrl.md#forward-equations)."""
 
     def __init__(self, input_size: int, hidden_size: int) -> None:
         super().__init__()
@@ -54,7 +54,7 @@ class ELSTMCell(ElementwiseCell):
 
 
 class FELSTMCell(FullyRecurrentCell):
-    """Fully recurrent eLSTM (spec §4.1): the vectors w_z, w_f become dense matrices R_z, R_f.
+    """Fully recurrent eLSTM (docs/rtrl.md#the-fully-recurrent-elstm-felstm): the vectors w_z, w_f become dense matrices R_z, R_f.
 
     ``a = [Z; F] x + [R_z; R_f] c_prev + b``; the state update and output gate are the eLSTM's. The
     Jacobian is dense, so RTRL refuses this cell; train it with SnAP-1 (a diagonal approximation) or TBPTT.

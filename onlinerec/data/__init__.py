@@ -11,7 +11,7 @@ from onlinerec.data.sequences import (
     SequenceStream,
     TensorSequences,
 )
-from onlinerec.data.stream import SegmentStream
+from onlinerec.data.stream import SegmentStream, StreamOrderError
 
 __all__ = [
     "IGNORE_INDEX",
@@ -25,5 +25,6 @@ __all__ = [
     "SequenceDataset",
     "SequenceSegment",
     "SequenceStream",
+    "StreamOrderError",
     "TensorSequences",
 ]

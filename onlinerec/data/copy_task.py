@@ -1,4 +1,4 @@
-"""The diagnostic copy task (spec §6), generated on the fly, with a fixed vocabulary.
+"""The diagnostic copy task (docs/copy_task.md), generated on the fly, with a fixed vocabulary.
 
 For a maximum pattern length T (the "level"), a sequence draws L uniformly from {1..T} and a pattern
 p of L uniform bits. Then (T + L steps each)::
@@ -9,7 +9,7 @@ p of L uniform bits. Then (T + L steps each)::
 Tokens are fixed: ``0`` and ``1`` are the bits and ``2`` is the blank, for inputs and targets alike.
 Padding uses the separate ``ignore_index`` (-100). The released code built its vocabularies in order of
 first appearance, so that the bit "1" got the index of its padding token and was never trained nor
-scored (spec §6); here both bits are classes like any other, and the blank counts too.
+scored (docs/copy_task.md#vocabulary-bug-in-the-released-code); here both bits are classes like any other, and the blank counts too.
 
 The model and its metrics (sequence, print and no-op accuracy) are in :mod:`onlinerec.tasks.copy_task`.
 """

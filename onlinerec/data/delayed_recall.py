@@ -42,7 +42,7 @@ class DelayedRecall:
     """
 
     def __init__(
-                self,
+        self,
         size: int,
         delay: int = 100,
         num_symbols: int = 4,

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
+
+
+def check_segment_length(M: Any, name: str = "M") -> int:
+    """``M`` itself if it is an int >= 1, else a ValueError that says what M is."""
+    if isinstance(M, bool) or not isinstance(M, int) or M < 1:
+        raise ValueError(
+            f"{name} (steps between weight updates) must be an int >= 1, got {M!r}. M = 1 is fully online learning."
+        )
+    return M
 
 
 @dataclass
@@ -27,12 +36,20 @@ class Segment:
     reset: Tensor
     targets: Tensor | None = None
 
+    distinct_per_rank: ClassVar[bool] = False
+    """True for segment types whose source gives every DDP rank its own streams by construction (rollouts from envs
+    seeded by rank), so the module need not check that ranks differ."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.inputs, Tensor) or self.inputs.dim() < 2:
             raise ValueError("Segment.inputs must be a tensor shaped (M, B, ...).")
         m, b = self.inputs.shape[:2]
         if not isinstance(self.reset, Tensor) or self.reset.dtype != torch.bool or tuple(self.reset.shape) != (m, b):
-            got = (self.reset.dtype, tuple(self.reset.shape)) if isinstance(self.reset, Tensor) else type(self.reset).__name__
+            got = (
+                (self.reset.dtype, tuple(self.reset.shape))
+                if isinstance(self.reset, Tensor)
+                else type(self.reset).__name__
+            )
             raise ValueError(
                 f"Segment.reset must be a bool tensor of shape (M, B) = {(m, b)}; got {got}. Build it with dtype=torch.bool "
                 "(e.g. reset.bool()), True where a stream starts a new sequence, one row per step and one column per stream."
@@ -42,8 +59,13 @@ class Segment:
 
     @property
     def length(self) -> int:
-        """M, the number of steps."""
+        """The number of steps the segment holds (M for a plain Segment)."""
         return self.inputs.shape[0]
+
+    @property
+    def steps(self) -> int:
+        """M, the number of steps a weight update trains on (a rollout segment holds one more: the bootstrap)."""
+        return self.length
 
     @property
     def num_streams(self) -> int:

@@ -2,7 +2,7 @@
 
 A dataset of sequences (each a pair ``(inputs (L, ...), targets (L, ...))``) becomes, per epoch, B streams
 that play sequences back to back. Each batch is a :class:`SequenceSegment` of the next M steps of every
-stream, so the carried state of slot b always belongs to stream b (design §5).
+stream, so the carried state of slot b always belongs to stream b (docs/concepts.md#the-segment).
 
 Assignment (deterministic, documented contract)
     Sequences are dealt **in index order** to the stream that becomes free first, the lowest slot on ties.
@@ -30,7 +30,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from onlinerec.data.segment import Segment
+from onlinerec.data.segment import Segment, check_segment_length
 from onlinerec.data.stream import SegmentStream
 
 IGNORE_INDEX = -100
@@ -67,8 +67,14 @@ class SequenceSegment(Segment):
     @property
     def mask(self) -> Tensor:
         """(M, B) bool: True on real steps, False on padding."""
-        assert self.sequence_id is not None
-        return self.sequence_id >= 0
+        return self.sequence_id >= 0  # type: ignore[operator]  # set in __post_init__
+
+
+def check_count(value: Any, name: str) -> int:
+    """``value`` if it is an int >= 1, else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+    return value
 
 
 def _check_sequence(index: int, inputs: Tensor, targets: Tensor) -> int:
@@ -175,7 +181,8 @@ class SequenceStream(SegmentStream):
         self.indices = range(rank, len(dataset), world_size)
         self._len: int | None = None
 
-    def _epoch(self, epoch: int) -> Iterator[SequenceSegment]:
+    def _epoch(self, epoch: int, rank: int = 0, world_size: int = 1) -> Iterator[SequenceSegment]:
+        # this stream's shard of the sequences was fixed at construction (its rank and world_size arguments)
         return deal(
             self.dataset,
             self.num_streams,
@@ -229,10 +236,10 @@ class SequenceDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         self.train_set, self.val_set, self.test_set = train, val, test
-        self.num_streams = num_streams
-        self.eval_streams = eval_streams
-        self.M = M
-        self.eval_M = eval_M
+        self.num_streams = check_count(num_streams, "num_streams")
+        self.eval_streams = None if eval_streams is None else check_count(eval_streams, "eval_streams")
+        self.M = None if M is None else check_segment_length(M)
+        self.eval_M = None if eval_M is None else check_segment_length(eval_M, "eval_M")
         self.ignore_index = ignore_index
         self.pad_value = pad_value
 
@@ -242,7 +249,11 @@ class SequenceDataModule(L.LightningDataModule):
         m = self.M if self.M is not None else getattr(getattr(self.trainer, "strategy", None), "M", None)
         if m is None:
             strategy = getattr(self.trainer, "strategy", None)
-            where = "without a trainer" if self.trainer is None else f"with strategy {type(strategy).__name__}, which has no M"
+            where = (
+                "without a trainer"
+                if self.trainer is None
+                else f"with strategy {type(strategy).__name__}, which has no M"
+            )
             raise RuntimeError(
                 f"{type(self).__name__} is used {where}. Train with Trainer(strategy=RTRLStrategy(M=...)) (or TBPTT/SnAP), "
                 "or pass M=... to the data module."
@@ -264,7 +275,13 @@ class SequenceDataModule(L.LightningDataModule):
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         return SequenceStream(
-            dataset, num_streams, segment_length, ignore_index=self.ignore_index, pad_value=self.pad_value, rank=rank, world_size=world
+            dataset,
+            num_streams,
+            segment_length,
+            ignore_index=self.ignore_index,
+            pad_value=self.pad_value,
+            rank=rank,
+            world_size=world,
         )
 
     def _loader(self, dataset: SequenceDataset | None, split: str, evaluation: bool) -> SequenceStream:

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch.distributed as dist
+
 from onlinerec.data.segment import Segment
+
+__all__ = ["SegmentStream", "StreamOrderError"]
+
+
+class StreamOrderError(ValueError):
+    """The training data would hand a stream's carried state to another stream (shuffling, interleaving), or give
+    several DDP ranks the same streams."""
 
 
 class SegmentStream:
@@ -17,13 +27,23 @@ class SegmentStream:
     Use it as the loader itself (``train_dataloader`` returns it), not wrapped in a DataLoader: segments are
     already batched over streams and must be produced in the training process (num_workers = 0).
 
+    Under DDP every rank must serve its own streams: give ``make_segments`` the keyword parameters ``rank`` and
+    ``world_size`` and it is called with this process's (or shard inside it yourself). An
+    :class:`~onlinerec.OnlineRecurrentModule` refuses, with :class:`StreamOrderError`, ranks whose first training
+    segments are identical.
+
     Args:
-        make_segments: ``make_segments(epoch)`` returns a fresh iterator over one epoch's segments. It must be
-            deterministic given the epoch (seed from it) for resumes to be exact.
+        make_segments: ``make_segments(epoch)`` (or ``make_segments(epoch, rank=..., world_size=...)``) returns a
+            fresh iterator over one epoch's segments of this process. It must be deterministic given its arguments
+            (seed from them) for resumes to be exact.
     """
 
-    def __init__(self, make_segments: Callable[[int], Iterator[Segment]]) -> None:
+    def __init__(self, make_segments: Callable[..., Iterator[Segment]]) -> None:
         self._make = make_segments
+        params = inspect.signature(make_segments).parameters
+        self._rank_aware = {"rank", "world_size"} <= set(params) or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+        )
         self.epoch = 0
         self.consumed = 0  # segments of the current epoch handed out and not given back (see state_dict)
         self._skip = 0
@@ -37,12 +57,20 @@ class SegmentStream:
         skip, self._skip = self._skip, 0
         self.consumed = 0
         self._exhausted = False
-        for i, segment in enumerate(self._make(self.epoch)):
+        for i, segment in enumerate(self._epoch_segments()):
             if i < skip:
                 continue
             self.consumed = i + 1
             yield segment
         self._exhausted = True
+
+    def _epoch_segments(self) -> Iterator[Segment]:
+        world, rank = (
+            (dist.get_world_size(), dist.get_rank()) if dist.is_available() and dist.is_initialized() else (1, 0)
+        )
+        if self._rank_aware:
+            return self._make(self.epoch, rank=rank, world_size=world)
+        return self._make(self.epoch)
 
     def state_dict(self) -> dict[str, Any]:
         # Lightning fetches one batch ahead of the one being trained on (that one is not consumed yet) unless it

@@ -9,11 +9,24 @@ from onlinerec.gradients.carry import Carry
 from onlinerec.gradients.check import check_gradients
 from onlinerec.gradients.derivatives import NotElementwiseError
 from onlinerec.gradients.rtrl import RTRL
+from onlinerec.gradients.sensitivity import SensitivityMethod
 from onlinerec.gradients.snap import SnAP
 from onlinerec.gradients.tbptt import TBPTT
 from onlinerec.registry import Registry
 
-METHODS: Registry[GradientMethod] = Registry("gradient method", GradientMethod, {"rtrl": RTRL, "tbptt": TBPTT, "snap": SnAP})
+METHODS: Registry[GradientMethod] = Registry(
+    "gradient method", GradientMethod, {"rtrl": RTRL, "tbptt": TBPTT, "snap": SnAP}
+)
 """Gradient methods by name: the one list behind ``method=`` of every module, the strategies' aliases and the CLI."""
 
-__all__ = ["METHODS", "RTRL", "TBPTT", "Carry", "GradientMethod", "NotElementwiseError", "SnAP", "check_gradients"]
+__all__ = [
+    "METHODS",
+    "RTRL",
+    "TBPTT",
+    "Carry",
+    "GradientMethod",
+    "NotElementwiseError",
+    "SensitivityMethod",
+    "SnAP",
+    "check_gradients",
+]

@@ -15,7 +15,7 @@ from onlinerec.gradients.carry import Carry
 class GradientMethod(ABC):
     """A way to obtain gradients through time for segments of M steps from B streams.
 
-    Contract (design §4.0): ``carry = init_carry(cell, B)``; then per segment
+    Contract: ``carry = init_carry(cell, B)``; then per segment
     ``states, carry = unroll(cell, inputs, reset, carry)`` and ``loss(states).backward()`` leaves the
     method's gradient in every cell parameter's ``.grad``. Nothing else is called in between.
     ``reset[t, b]`` zeroes stream b's state (and sensitivities) *before* step t.
@@ -26,10 +26,17 @@ class GradientMethod(ABC):
     def check_cell(self, cell: ElementwiseCell) -> None:
         """Raise a clear error if this method cannot train ``cell``."""
         if not isinstance(cell, ElementwiseCell):
-            raise TypeError(f"{type(self).__name__} trains onlinerec cells (ElementwiseCell subclasses), got {type(cell).__name__}.")
+            raise TypeError(
+                f"{type(self).__name__} trains onlinerec cells (ElementwiseCell subclasses), got {type(cell).__name__}."
+            )
 
     def init_carry(
-        self, cell: ElementwiseCell, batch_size: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+        self,
+        cell: ElementwiseCell,
+        batch_size: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> Carry:
         """Zero state for ``batch_size`` streams, on the cell's device and dtype unless given."""
         self.check_cell(cell)
@@ -73,22 +80,34 @@ def validate_segment(cell: ElementwiseCell, inputs: Tensor, reset: Tensor, carry
     if m < 1:
         raise ValueError("inputs has M = 0 steps; a segment needs M >= 1.")
     if d != cell.input_size:
-        raise ValueError(f"inputs have D = {d} features but {type(cell).__name__} was built with input_size = {cell.input_size}.")
+        raise ValueError(
+            f"inputs have D = {d} features but {type(cell).__name__} was built with input_size = {cell.input_size}."
+        )
     ref = cell.input_proj.weight
     if inputs.dtype != ref.dtype:
-        raise TypeError(f"inputs are {inputs.dtype} but the cell's parameters are {ref.dtype}; cast one to match (e.g. inputs.to({ref.dtype})).")
+        raise TypeError(
+            f"inputs are {inputs.dtype} but the cell's parameters are {ref.dtype}; cast one to match (e.g. inputs.to({ref.dtype}))."
+        )
     if inputs.device != ref.device:
-        raise ValueError(f"inputs are on {inputs.device} but the cell is on {ref.device}; move them to the same device.")
+        raise ValueError(
+            f"inputs are on {inputs.device} but the cell is on {ref.device}; move them to the same device."
+        )
     if not isinstance(reset, Tensor) or reset.dtype != torch.bool:
         what = reset.dtype if isinstance(reset, Tensor) else type(reset).__name__
-        raise TypeError(f"reset must be a bool tensor (M, B), got {what}; use reset.bool() or build it with dtype=torch.bool.")
+        raise TypeError(
+            f"reset must be a bool tensor (M, B), got {what}; use reset.bool() or build it with dtype=torch.bool."
+        )
     if tuple(reset.shape) != (m, b):
         raise ValueError(f"reset has shape {tuple(reset.shape)} but inputs need (M, B) = {(m, b)}.")
     if carry.batch_size != b:
-        raise ValueError(f"the carry holds {carry.batch_size} streams but inputs have B = {b}; make a new one with init_carry(cell, {b}).")
+        raise ValueError(
+            f"the carry holds {carry.batch_size} streams but inputs have B = {b}; make a new one with init_carry(cell, {b})."
+        )
 
 
-def window_features(cell: ElementwiseCell, inputs: Tensor, keep: Tensor, window: Tensor | None) -> tuple[Tensor, Tensor | None]:
+def window_features(
+    cell: ElementwiseCell, inputs: Tensor, keep: Tensor, window: Tensor | None
+) -> tuple[Tensor, Tensor | None]:
     """Concatenate each step's last ``cell.window`` inputs (newest first), zeroing those before a reset.
 
     Returns features u (M, B, window*D) and the new carried window (already masked for the next segment).
@@ -97,7 +116,10 @@ def window_features(cell: ElementwiseCell, inputs: Tensor, keep: Tensor, window:
     if w == 1:
         return inputs, None
     m, b, d = inputs.shape
-    assert window is not None
+    if window is None:
+        raise ValueError(
+            f"{type(cell).__name__} reads {w} inputs per step but the carry has no window; make it with init_carry."
+        )
     history = torch.cat([window.reshape(b, w - 1, d).flip(1).transpose(0, 1), inputs])  # oldest first
     keep_ext = torch.cat([keep.new_ones(w - 1, b), keep])  # the carried window is masked already
     n = history.shape[0]
@@ -113,8 +135,8 @@ def window_features(cell: ElementwiseCell, inputs: Tensor, keep: Tensor, window:
     return feats, torch.cat(last, dim=-1).detach()
 
 
-def scan(cell: ElementwiseCell, gates: Tensor, c0: Tensor, keep: Tensor) -> Tensor:
-    """The time loop: c_t = recurrence(gates_t, keep_t * c_{t-1}). gates (M, B, G, N) -> states (M, B, N)."""
+def autograd_scan(cell: ElementwiseCell, gates: Tensor, c0: Tensor, keep: Tensor) -> Tensor:
+    """The time loop, recorded by autograd: c_t = recurrence(gates_t, keep_t * c_{t-1}). gates (M, B, G, N) -> states (M, B, N)."""
     c, states = c0, []
     for t in range(gates.shape[0]):
         c = cell.recurrence(gates[t], c * keep[t].unsqueeze(-1))

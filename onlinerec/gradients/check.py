@@ -1,17 +1,28 @@
-"""Check a gradient method against full BPTT: the slow, obviously right reference, public for users' own cells."""
+"""Check a gradient method against the slow, obviously right references, public for users' own cells.
+
+The references: the cell's own single-step ``forward`` unrolled one step at a time with full-sequence autograd
+BPTT (:func:`bptt_gradients`), the same cut at segment starts (:func:`truncated_gradients`), and the textbook
+sensitivity recursion S_t = jh_t * S_{t-1} + I_t, one step at a time (:func:`stepwise`).
+"""
 
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 from torch import Tensor
 
 from onlinerec.cells.base import ElementwiseCell
 from onlinerec.gradients.base import GradientMethod
+from onlinerec.gradients.rtrl import RTRL
+from onlinerec.gradients.scan import Linearization
+from onlinerec.gradients.sensitivity import SensitivityMethod, Tracked
 
 
-def reference_states(cell: ElementwiseCell, inputs: Tensor, reset: Tensor, c0: Tensor | None = None, window: list[Tensor] | None = None) -> Tensor:
+def reference_states(
+    cell: ElementwiseCell, inputs: Tensor, reset: Tensor, c0: Tensor | None = None, window: list[Tensor] | None = None
+) -> Tensor:
     """Unroll with the cell's own single-step ``forward``, one step at a time; no onlinerec time loop involved."""
     m, b, d = inputs.shape
     c = torch.zeros(b, cell.hidden_size, dtype=inputs.dtype) if c0 is None else c0
@@ -26,7 +37,9 @@ def reference_states(cell: ElementwiseCell, inputs: Tensor, reset: Tensor, c0: T
     return torch.stack(states)
 
 
-def bptt_gradients(cell: ElementwiseCell, inputs: Tensor, reset: Tensor, weights: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+def bptt_gradients(
+    cell: ElementwiseCell, inputs: Tensor, reset: Tensor, weights: Tensor
+) -> tuple[dict[str, Tensor], Tensor]:
     """Gradients (parameters, inputs) of sum(weights * states) by full-sequence autograd BPTT."""
     cell.zero_grad()
     x = inputs.detach().requires_grad_(True)
@@ -34,7 +47,9 @@ def bptt_gradients(cell: ElementwiseCell, inputs: Tensor, reset: Tensor, weights
     return {k: p.grad.clone() for k, p in cell.named_parameters() if p.grad is not None}, x.grad.clone()
 
 
-def truncated_gradients(cell: ElementwiseCell, inputs: Tensor, reset: Tensor, weights: Tensor, seg_len: int) -> dict[str, Tensor]:
+def truncated_gradients(
+    cell: ElementwiseCell, inputs: Tensor, reset: Tensor, weights: Tensor, seg_len: int
+) -> dict[str, Tensor]:
     """Gradients of sum(weights * states) with backprop cut at every segment start (the TBPTT reference),
     using the cell's own single-step ``forward`` from a detached carried state."""
     cell.zero_grad()
@@ -53,7 +68,9 @@ def truncated_gradients(cell: ElementwiseCell, inputs: Tensor, reset: Tensor, we
     return {k: p.grad.clone() for k, p in cell.named_parameters() if p.grad is not None}
 
 
-def method_gradients(method: GradientMethod, cell: ElementwiseCell, inputs: Tensor, reset: Tensor, weights: Tensor, seg_len: int):
+def method_gradients(
+    method: GradientMethod, cell: ElementwiseCell, inputs: Tensor, reset: Tensor, weights: Tensor, seg_len: int
+):
     """The same loss, accumulated over consecutive segments of ``seg_len`` steps with ``method``."""
     cell.zero_grad()
     x = inputs.detach().requires_grad_(True)
@@ -65,15 +82,19 @@ def method_gradients(method: GradientMethod, cell: ElementwiseCell, inputs: Tens
 
 
 def check_gradients(
-    cell: ElementwiseCell, method: GradientMethod | None = None, *, steps: int = 30, batch_size: int = 3, segment: int = 7, seed: int = 0
+    cell: ElementwiseCell,
+    method: GradientMethod | None = None,
+    *,
+    steps: int = 30,
+    batch_size: int = 3,
+    segment: int = 7,
+    seed: int = 0,
 ) -> dict[str, float]:
     """Relative error of ``method``'s gradient (default: exact RTRL) against full BPTT, per parameter.
 
     Runs on a float64 copy of ``cell`` over ``steps`` random steps cut into segments of ``segment`` steps, with
     resets in the middle of some streams. For RTRL on an element-wise cell every error should be below ~1e-10.
     """
-    from onlinerec.gradients.rtrl import RTRL
-
     method = RTRL() if method is None else method
     cell = copy.deepcopy(cell).double()
     gen = torch.Generator().manual_seed(seed)
@@ -84,3 +105,44 @@ def check_gradients(
     expected, _ = bptt_gradients(cell, inputs, reset, weights)
     got, _, _ = method_gradients(method, cell, inputs, reset, weights, segment)
     return {k: ((got[k] - v).norm() / v.norm().clamp_min(1e-300)).item() for k, v in expected.items()}
+
+
+class StepwiseCarry(SensitivityMethod):
+    """Mixin before a concrete :class:`SensitivityMethod`: carry the sensitivities with the textbook recursion
+    S_t = jh_t * S_{t-1} + I_t, one step at a time, instead of the batched propagation it is checked against."""
+
+    def propagate(
+        self, tracked: list[Tracked], lin: Linearization, feats: Tensor, sens0: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        jh, d_gates, d_params, c_prev = lin.release()
+        sources = {"input": feats, "state": c_prev}
+        out = dict(sens0)
+        for t in range(jh.shape[0]):
+            decay = jh[t][:, None, :, None]
+            for tr in tracked:
+                if tr.kind == "weight":
+                    immediate = d_gates[t].unsqueeze(-1) * sources[tr.source][t][:, None, None, :]
+                elif tr.kind == "bias":
+                    immediate = d_gates[t].unsqueeze(-1)
+                else:
+                    immediate = d_params[tr.name][t].unsqueeze(-1)
+                out[tr.name] = decay * out[tr.name] + immediate
+        return out
+
+
+@functools.cache
+def _stepwise_class(cls: type[SensitivityMethod]) -> type[SensitivityMethod]:
+    namespace = {"__module__": __name__, "__doc__": f"{cls.__name__} with the step-by-step carry."}
+    return type(f"Stepwise{cls.__name__}", (StepwiseCarry, cls), namespace)
+
+
+def stepwise(method: SensitivityMethod) -> SensitivityMethod:
+    """A copy of ``method`` (RTRL, SnAP, ...) whose carry runs the step-by-step recursion: the same gradients and
+    sensitivities by the slow, obviously right route, for tests and benchmarks."""
+    if not isinstance(method, SensitivityMethod):
+        raise TypeError(
+            f"stepwise() takes a method that carries sensitivities (RTRL, SnAP), got {type(method).__name__}."
+        )
+    twin = copy.copy(method)
+    twin.__class__ = _stepwise_class(type(method))
+    return twin

@@ -76,8 +76,13 @@ def _owner(cell: nn.Module, name: str) -> tuple[nn.Module, str]:
 
 
 @contextmanager
-def _substituted(cell: nn.Module, values: dict[str, Tensor]):
-    """Temporarily replace registered parameters by plain tensors (cheaper than functional_call)."""
+def substituted(cell: nn.Module, values: dict[str, Tensor]):
+    """Within the block, ``cell`` reads the given tensors instead of its registered parameters.
+
+    ``values`` maps parameter names (as in ``named_parameters``) to plain tensors of any shape that the cell's
+    code accepts, e.g. detached copies or one copy per row. Cheaper than ``torch.func.functional_call``, which
+    rebuilds the module's parameter dict on every call; the parameters are put back even if the block raises.
+    """
     saved = []
     try:
         for name, value in values.items():
@@ -90,19 +95,27 @@ def _substituted(cell: nn.Module, values: dict[str, Tensor]):
             module._parameters[attr] = old
 
 
-def _reverse_per_row(cell: nn.Module, method: str, params: dict[str, Tensor], gates: Tensor, c_prev: Tensor) -> LocalDerivatives:
+def _reverse_per_row(
+    cell: nn.Module, method: str, params: dict[str, Tensor], gates: Tensor, c_prev: Tensor
+) -> LocalDerivatives:
     """One forward and one backward pass: rows (R, G, N) gates, (R, N) c_prev, parameters copied per row."""
     r, n = c_prev.shape
     with torch.enable_grad():
         g = gates.detach().requires_grad_(True)
         c = c_prev.detach().requires_grad_(True)
         rows = {k: v.detach().expand(r, *v.shape).requires_grad_(True) for k, v in params.items()}
-        with _substituted(cell, rows):
+        with substituted(cell, rows):
             out = getattr(cell, method)(g, c)
         if out.shape != c_prev.shape:
-            raise ValueError(f"{type(cell).__name__}.{method} returned shape {tuple(out.shape)} for c_prev of shape {tuple(c_prev.shape)}.")
+            raise ValueError(
+                f"{type(cell).__name__}.{method} returned shape {tuple(out.shape)} for c_prev of shape {tuple(c_prev.shape)}."
+            )
         inputs = (g, c, *rows.values())
-        grads = torch.autograd.grad(out, inputs, torch.ones_like(out), allow_unused=True) if out.requires_grad else [None] * len(inputs)
+        grads = (
+            torch.autograd.grad(out, inputs, torch.ones_like(out), allow_unused=True)
+            if out.requires_grad
+            else [None] * len(inputs)
+        )
     d_gates, d_state, *d_rows = (torch.zeros_like(x) if gr is None else gr for x, gr in zip(inputs, grads))
     d_params = {k: d.reshape(r, -1, n) for k, d in zip(rows, d_rows)}
     return LocalDerivatives(d_state, d_gates, d_params, out.detach())
@@ -139,7 +152,9 @@ def _forward_mode(
 
 _CHECKED: weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[str, ...]]] = weakref.WeakKeyDictionary()
 _FAST: weakref.WeakKeyDictionary[nn.Module, dict[str, bool]] = weakref.WeakKeyDictionary()
-_GATE_WEIGHTS: weakref.WeakKeyDictionary[nn.Module, dict[str, dict[str, tuple[int, ...]] | None]] = weakref.WeakKeyDictionary()
+_GATE_WEIGHTS: weakref.WeakKeyDictionary[nn.Module, dict[str, dict[str, tuple[int, ...]] | None]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def gate_weight_map(cell: nn.Module, method: str) -> dict[str, tuple[int, ...]] | None:
@@ -152,7 +167,9 @@ def gate_weight_map(cell: nn.Module, method: str) -> dict[str, tuple[int, ...]] 
     return _GATE_WEIGHTS.get(cell, {}).get(method)
 
 
-def recurrence_parameters(cell: nn.Module, method: str, exclude: tuple[str, ...], num_gates: int, n: int) -> tuple[str, ...]:
+def recurrence_parameters(
+    cell: nn.Module, method: str, exclude: tuple[str, ...], num_gates: int, n: int
+) -> tuple[str, ...]:
     """Names of the parameters that ``cell.<method>`` reads, after checking (once per cell) that the
     method is element-wise in its state, its gates and each of those parameters.
 
@@ -169,7 +186,9 @@ def recurrence_parameters(cell: nn.Module, method: str, exclude: tuple[str, ...]
     return names
 
 
-def _find_gate_weights(cell: nn.Module, method: str, names: tuple[str, ...], num_gates: int, n: int) -> dict[str, tuple[int, ...]] | None:
+def _find_gate_weights(
+    cell: nn.Module, method: str, names: tuple[str, ...], num_gates: int, n: int
+) -> dict[str, tuple[int, ...]] | None:
     probe = copy.deepcopy(cell).double()
     gen = torch.Generator().manual_seed(2)
     with torch.no_grad():
@@ -187,7 +206,9 @@ def _find_gate_weights(cell: nn.Module, method: str, names: tuple[str, ...], num
     for k, d in local.d_params.items():
         rows = []
         for row in d.unbind(1):  # (R, N) for each row of the parameter viewed as (K, N)
-            match = [g for g in range(num_gates) if torch.allclose(row, local.d_gates[:, g] * c_prev, rtol=1e-12, atol=1e-12)]
+            match = [
+                g for g in range(num_gates) if torch.allclose(row, local.d_gates[:, g] * c_prev, rtol=1e-12, atol=1e-12)
+            ]
             if not match or not row.abs().max() > 0:
                 return None
             rows.append(match[0])
@@ -227,7 +248,9 @@ def _per_row_matches(cell: nn.Module, method: str, names: tuple[str, ...], num_g
     )
 
 
-def check_elementwise(cell: nn.Module, method: str, exclude: tuple[str, ...], num_gates: int, n: int) -> tuple[str, ...]:
+def check_elementwise(
+    cell: nn.Module, method: str, exclude: tuple[str, ...], num_gates: int, n: int
+) -> tuple[str, ...]:
     """Probe ``cell.<method>`` at a random float64 point: for an element-wise map, a Jacobian-vector
     product with a random tangent equals the diagonal derivative times that tangent. Any map that mixes
     units or batch rows fails this with probability one."""
@@ -244,7 +267,9 @@ def check_elementwise(cell: nn.Module, method: str, exclude: tuple[str, ...], nu
     with torch.enable_grad():
         out = bound(gates.requires_grad_(True), c_prev)  # a gradient path even if no parameter is read
         if out.shape != c_prev.shape:
-            raise ValueError(f"{cls}.{method} returned shape {tuple(out.shape)} for c_prev of shape {tuple(c_prev.shape)}; it must return the new state with c_prev's shape.")
+            raise ValueError(
+                f"{cls}.{method} returned shape {tuple(out.shape)} for c_prev of shape {tuple(c_prev.shape)}; it must return the new state with c_prev's shape."
+            )
         used = torch.autograd.grad(out.sum(), list(candidates.values()), allow_unused=True) if candidates else []
     names = tuple(k for (k, _), gr in zip(candidates.items(), used) if gr is not None)
     for k in names:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from onlinerec.cells.base import ElementwiseCell
-from onlinerec.gradients.base import GradientMethod, project, scan, window_features
+from onlinerec.gradients.base import GradientMethod, autograd_scan, project, window_features
 from onlinerec.gradients.carry import Carry
 
 
@@ -21,5 +21,5 @@ class TBPTT(GradientMethod):
     def _unroll(self, cell: ElementwiseCell, inputs: Tensor, reset: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
         keep = (~reset).to(inputs.dtype)
         feats, window = window_features(cell, inputs, keep, carry.window)
-        states = scan(cell, project(cell, feats), carry.c, keep)
+        states = autograd_scan(cell, project(cell, feats), carry.c, keep)
         return states, Carry(c=states[-1].detach(), window=window)

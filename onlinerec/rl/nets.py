@@ -29,7 +29,7 @@ class _ResidualBlock(nn.Module):
 
 
 class ImpalaStem(nn.Module):
-    """IMPALA ResNet (spec §5.3): per stage Conv3x3 -> MaxPool3x3/s2/p1 -> 2 residual blocks; channels 16, 32, 32;
+    """IMPALA ResNet (docs/r2ac.md#network): per stage Conv3x3 -> MaxPool3x3/s2/p1 -> 2 residual blocks; channels 16, 32, 32;
     then ReLU -> flatten -> Linear(-> out_features) -> ReLU. Atari (4,84,84) flattens to 3872, DMLab (3,72,96) to
     3456, ProcGen (3,64,64) to 2048."""
 

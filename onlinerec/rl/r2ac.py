@@ -1,41 +1,41 @@
-"""R2AC: the real-time recurrent actor-critic (spec §5) as an :class:`~onlinerec.OnlineRecurrentModule`.
+"""R2AC: the real-time recurrent actor-critic (docs/r2ac.md) as an :class:`~onlinerec.OnlineRecurrentModule`.
 
 obs -> stem (IMPALA ResNet / Nature CNN / MLP) -> [features; clipped last reward] -> cell (eLSTM by default) ->
 readout (output gate) -> policy logits and value. Trained with V-trace actor-critic losses summed over time and
 batch, RMSProp, linear LR decay to 0 and gradient-norm clipping. The gradient method (RTRL, TBPTT, SnAP) and the
 segment length M come from the trainer's strategy; ``cell=None`` gives the feed-forward baseline (heads on
 [features; reward]).
+
+This module is the network, its losses and its optimiser. Acting and rollouts are in :mod:`onlinerec.rl.rollout`,
+evaluation in :mod:`onlinerec.rl.evaluation`, what a run logs (frames/s, returns) in :mod:`onlinerec.rl.monitor`.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import Callback
 from torch import Tensor, nn
-from torchmetrics.aggregation import RunningMean
 from typing_extensions import override
 
 from onlinerec.cells import ElementwiseCell, make_cell
-from onlinerec.training.module import OnlineRecurrentModule
+from onlinerec.rl.evaluation import evaluate
+from onlinerec.rl.monitor import RolloutMonitor
 from onlinerec.rl.nets import make_stem
 from onlinerec.rl.rollout import RolloutSegment
 from onlinerec.rl.vtrace import vtrace
+from onlinerec.training.module import OnlineRecurrentModule
 
 __all__ = ["R2AC", "R2ACConfig"]
-
-_CKPT_KEY = "onlinerec_rl"
 
 
 @dataclass
 class R2ACConfig:
-    """Loss and optimisation hyper-parameters of R2AC; the defaults are the paper's (spec §5.1–§5.2)."""
+    """Loss and optimisation hyper-parameters of R2AC; the defaults are the paper's (docs/r2ac.md#optimiser-and-hyper-parameters)."""
 
     discount: float = 0.99
     """gamma; the discount is 0 across an episode (or life) end."""
@@ -68,11 +68,11 @@ class R2ACConfig:
 
 
 class R2AC(OnlineRecurrentModule):
-    """Real-time recurrent actor-critic (Irie et al. 2024) with V-trace (spec §5).
+    """Real-time recurrent actor-critic (Irie et al. 2024) with V-trace (docs/r2ac.md).
 
-    The losses are summed over time and streams (the paper's convention). Under DDP the loss that is backpropagated
-    is multiplied by the number of processes W, so that W processes with B streams each compute the gradient of one
-    process with all W * B streams (DDP averages gradients over ranks); the logged losses are this process's sums.
+    The losses are summed over time and streams (the paper's convention, ``loss_reduction = "sum"``): under DDP the
+    backpropagated loss is multiplied by the number of processes W, so that W processes with B streams each compute
+    the gradient of one process with all W * B streams; the logged losses are this process's sums.
 
     Args:
         num_actions: A, the size of the discrete action set.
@@ -84,7 +84,10 @@ class R2AC(OnlineRecurrentModule):
         fc_size: width of the stem's output (256 in the paper).
         config: loss and optimiser settings (:class:`R2ACConfig`; the paper's by default).
         cell_kwargs: extra keyword arguments for the cell when ``cell`` is an alias (e.g. ``{"forget_bias": 2.0}``).
+        method: a gradient method or its name; None takes the trainer strategy's.
     """
+
+    loss_reduction = "sum"
 
     def __init__(
         self,
@@ -130,10 +133,6 @@ class R2AC(OnlineRecurrentModule):
         head_in = core_in if cell_obj is None else cell_obj.output_size
         self.policy = nn.Linear(head_in, num_actions)
         self.baseline = nn.Linear(head_in, 1)
-        self.episode_return = RunningMean(window=self.config.return_window)
-        self.frames = 0
-        self.episodes = 0
-        self._clock: tuple[float, int] | None = None
 
     @property
     def feed_forward(self) -> bool:
@@ -181,10 +180,21 @@ class R2AC(OnlineRecurrentModule):
             _, bootstrap = self.heads(h_boot[0])
         return logits, values, bootstrap
 
-    def losses(self, segment: RolloutSegment) -> dict[str, Tensor]:
-        """V-trace actor-critic losses of one segment, summed over time and streams (spec §5.1)."""
+    @override
+    def segment_outputs(self, segment: RolloutSegment, stream: str) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
+        if not isinstance(segment, RolloutSegment):
+            raise TypeError(f"R2AC trains on RolloutSegments (from RolloutDataModule), got {type(segment).__name__}.")
+        if stream != "train":
+            raise RuntimeError(
+                f"R2AC learns from training rollouts only; evaluate it with R2AC.evaluate (got a {stream} batch)."
+            )
+        return self.learner_outputs(segment)
+
+    @override
+    def segment_loss(self, outputs: tuple[Tensor, Tensor, Tensor], segment: RolloutSegment) -> dict[str, Tensor]:  # type: ignore[override]
+        """V-trace actor-critic losses of one segment, summed over time and streams (docs/r2ac.md)."""
         cfg = self.config
-        logits, values, bootstrap = self.learner_outputs(segment)
+        logits, values, bootstrap = outputs
         actions = segment.actions[1:]
         rewards = self._clip(segment.rewards[1:].to(values.dtype))
         discounts = cfg.discount * (~segment.reset[1:]).to(values.dtype)
@@ -207,42 +217,18 @@ class R2AC(OnlineRecurrentModule):
         total = pg_loss + baseline_loss + entropy_loss
         return {"loss": total, "pg_loss": pg_loss, "baseline_loss": baseline_loss, "entropy_loss": entropy_loss}
 
-    @override
-    def training_step(self, batch: RolloutSegment, batch_idx: int) -> Tensor:
-        if not isinstance(batch, RolloutSegment):
-            raise TypeError(f"R2AC trains on RolloutSegments (from RolloutDataModule), got {type(batch).__name__}.")
-        result = self.losses(batch)
-        b = batch.num_streams
-        for name, value in result.items():
-            self.log(f"train/{name}", value, prog_bar=name == "loss", batch_size=b)
-        self._log_progress(batch)
-        # The loss sums over streams, and DDP averages gradients over its W ranks: W x the loss makes W processes
-        # with B streams each take the gradient of one process with all W * B streams (docs/distributed.md).
-        world = self.trainer.world_size if self._trainer is not None else 1
-        return result["loss"] * world
-
-    def _log_progress(self, batch: RolloutSegment) -> None:
-        world = self.trainer.world_size if self._trainer is not None else 1
-        self.frames = int(batch.frames) * world
-        returns, _ = batch.completed_episodes()
-        for r in returns.tolist():
-            self.episode_return.update(torch.tensor(r, dtype=torch.float32))
-        self.episodes += len(returns)
-        now = time.perf_counter()
-        if self._clock is None:
-            self._clock = (now, self.frames)  # frames/s measured from the first segment of this run on
-        t0, f0 = self._clock
-        fps = (self.frames - f0) / max(now - t0, 1e-9) if now > t0 else 0.0
-        self.log("frames", float(self.frames), prog_bar=False, batch_size=1)
-        self.log("fps", fps, prog_bar=True, batch_size=1)
-        self.log("env_restarts", float(batch.env_restarts), batch_size=1)  # crashed env workers replaced (this process)
-        if self.episodes:
-            self.log("return", self.episode_return.compute(), prog_bar=True, batch_size=1)
-            self.log("episodes", float(self.episodes), batch_size=1)
+    def losses(self, segment: RolloutSegment) -> dict[str, Tensor]:
+        """:meth:`segment_loss` of one training segment (advances the "train" carry)."""
+        return self.segment_loss(self.learner_outputs(segment), segment)
 
     @override
-    def on_train_start(self) -> None:
-        self._clock = None
+    def configure_callbacks(self) -> list[Callback]:
+        """FiniteGuard (see the base class) and a :class:`~onlinerec.rl.monitor.RolloutMonitor` unless the Trainer has one."""
+        have = self._trainer.callbacks if self._trainer is not None else []
+        extra = (
+            [] if any(isinstance(cb, RolloutMonitor) for cb in have) else [RolloutMonitor(self.config.return_window)]
+        )
+        return super().configure_callbacks() + extra
 
     # -- optimisation -------------------------------------------------------------------------------
     @override
@@ -268,79 +254,8 @@ class R2AC(OnlineRecurrentModule):
             )
 
     # -- evaluation ---------------------------------------------------------------------------------
-    def _as_tensor(self, array: Any, dtype: Any = None) -> Tensor:
-        return torch.as_tensor(np.asarray(array, dtype=dtype), device=self.device)
-
-    @torch.no_grad()
     def evaluate(
         self, env: Any, num_episodes: int = 10, *, greedy: bool = True, max_steps: int | None = None
     ) -> dict[str, Any]:
-        """Play ``num_episodes`` real episodes on a vector env (SAME_STEP autoreset), greedy (argmax) by default.
-
-        The streams share the episodes: each env contributes ``ceil(num_episodes / num_envs)`` at most, so
-        short episodes do not crowd out long ones. Uses its own carried state (stream "eval"). ``max_steps`` caps
-        the agent steps (per env); the episodes finished by then are reported (mean NaN if none).
-        Returns ``{"mean", "std", "returns", "lengths"}``.
-        """
-        if num_episodes < 1:
-            raise ValueError("num_episodes must be >= 1")
-        was_training = self.training
-        self.eval()
-        self.reset_streams("eval")
-        n = int(env.num_envs)
-        quota = np.full(n, math.ceil(num_episodes / n))
-        obs, _ = env.reset()
-        reward = np.zeros(n, dtype=np.float32)
-        reset = np.ones(n, dtype=bool)
-        totals, steps = np.zeros(n), np.zeros(n, dtype=np.int64)
-        returns: list[float] = []
-        lengths: list[int] = []
-        try:
-            step = 0
-            while len(returns) < num_episodes and (max_steps is None or step < max_steps):
-                step += 1
-                actions, _ = self.act(
-                    self._as_tensor(obs),
-                    self._as_tensor(reward, np.float32),
-                    self._as_tensor(reset, bool),
-                    greedy=greedy,
-                    stream="eval",
-                )
-                obs, reward, terminated, truncated, info = env.step(actions.cpu().numpy())
-                reset = np.logical_or(terminated, truncated)
-                if "episode_end" in info:
-                    end, ret, length = info["episode_end"], info["episode_return"], info["episode_length"]
-                else:
-                    totals += reward
-                    steps += 1
-                    end, ret, length = reset, totals.copy(), steps.copy()
-                    totals[reset], steps[reset] = 0.0, 0
-                for i in np.flatnonzero(end):
-                    if quota[i] > 0 and len(returns) < num_episodes:
-                        quota[i] -= 1
-                        returns.append(float(ret[i]))
-                        lengths.append(int(length[i]))
-        finally:
-            self.reset_streams("eval")
-            self.train(was_training)
-        arr = np.asarray(returns, dtype=np.float64)
-        mean, std = (float(arr.mean()), float(arr.std())) if len(arr) else (float("nan"), float("nan"))
-        return {"mean": mean, "std": std, "returns": returns, "lengths": lengths}
-
-    # -- checkpoints ----------------------------------------------------------------------------------
-    @override
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)  # the carried states ("train", "act", ...)
-        checkpoint[_CKPT_KEY] = {"frames": self.frames, "episodes": self.episodes}
-
-    @override
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
-        saved = checkpoint.get(_CKPT_KEY, {})
-        self.frames = int(saved.get("frames", 0))
-        self.episodes = int(saved.get("episodes", 0))
-
-
-def config_fields() -> list[str]:
-    """Names of the :class:`R2ACConfig` fields (for command-line plumbing)."""
-    return [f.name for f in fields(R2ACConfig)]
+        """Play ``num_episodes`` real episodes on a vector env; see :func:`onlinerec.rl.evaluation.evaluate`."""
+        return evaluate(self, env, num_episodes, greedy=greedy, max_steps=max_steps)

@@ -1,13 +1,13 @@
 """Rollouts: the RL Segment type and a LightningDataModule that acts in the envs with the current weights.
 
-Timing convention (torchbeast's, spec §2.5/§5.1). A segment holds T = M + 1 *entries* per stream. Entry t holds
+Timing convention (torchbeast's; docs/r2ac.md#actor-and-learner-timing). A segment holds T = M + 1 *entries* per stream. Entry t holds
 what the agent sees at step t — observation ``obs_t``, the reward that arrived with it, the ``reset`` flag
 (``obs_t`` starts an episode) — together with the actor output that *led to* it: the action taken at ``obs_{t-1}``
 and the behaviour logits it was sampled from. Entry 0 repeats entry M of the previous segment of the same stream
 (the *overlap*), so losses use ``actions[1:]``, ``rewards[1:]``, ``reset[1:]`` against the learner's outputs on
 entries ``0 .. M-1``, and entry M only supplies the bootstrap value.
 
-Acting and the learner's carried state (spec §9, learner-carried sensitivities). Acting runs in the training
+Acting and the learner's carried state (learner-carried sensitivities; docs/r2ac.md#actor-and-learner-timing). Acting runs in the training
 process on the module's *current* weights, one agent step at a time, under ``no_grad``: the module's ``act`` step
 advances its own carried state under the stream name ``"act"`` (c only, no sensitivities). Per segment the actor
 processes entries 0 .. M-1 (each to choose the action that produces the next entry); entry M is only observed.
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import lightning as L
 import numpy as np
@@ -32,6 +32,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
 from onlinerec.data.segment import Segment
+from onlinerec.rl.envs.base import ensure_contract
 
 __all__ = [
     "Actor",
@@ -116,6 +117,13 @@ class RolloutSegment(Segment):
                 got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
                 raise ValueError(f"RolloutSegment.{name} must be a tensor starting with (T, B) = {(t, b)}; got {got}.")
 
+    distinct_per_rank: ClassVar[bool] = True  # every rank acts in its own envs, seeded apart by rank
+
+    @property
+    def steps(self) -> int:
+        """M: the learner trains on entries 0..M-1; entry M only supplies the bootstrap value."""
+        return self.length - 1
+
     def completed_episodes(self) -> tuple[Tensor, Tensor]:
         """Returns and lengths of the real episodes that ended inside this segment (entries 1..M)."""
         end = self.episode_end[1:]
@@ -123,7 +131,7 @@ class RolloutSegment(Segment):
 
 
 def default_action_repeat(env_id: str) -> int:
-    """Frames per agent step by env family: 4 for Atari and DMLab (spec §5.4), else 1."""
+    """Frames per agent step by env family: 4 for Atari and DMLab (docs/r2ac.md#per-environment-settings), else 1."""
     return 4 if env_id.startswith(("ALE/", "dmlab:")) else 1
 
 
@@ -176,17 +184,15 @@ class RolloutStream:
     def __init__(
         self, env: Any, agent: Actor, action_repeat: int = 1, device: torch.device | str | None = None, frames: int = 0
     ) -> None:
-        self.env = env
+        self.env = ensure_contract(env)  # SAME_STEP resets and episode statistics, whatever the backend
         self.agent = agent
         self.action_repeat = int(action_repeat)
         self.device = torch.device(device) if device is not None else getattr(agent, "device", torch.device("cpu"))
         self.frames = int(frames)
         self.env_restarts = 0
-        self.num_envs = int(env.num_envs)
-        check_agent_fits_env(agent, env)
+        self.num_envs = int(self.env.num_envs)
+        check_agent_fits_env(agent, self.env)
         self._last: dict[str, Tensor] | None = None
-        self._returns = np.zeros(self.num_envs)
-        self._lengths = np.zeros(self.num_envs, dtype=np.int64)
 
     # -- one entry ----------------------------------------------------------------------------
     def _entry(self, obs, reward, reset, action, logits, logp, end, ret, length) -> dict[str, Tensor]:
@@ -222,19 +228,6 @@ class RolloutStream:
             zeros,
         )
 
-    def _episode_stats(self, reward, done, info) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if "episode_end" in info:
-            return info["episode_end"], info["episode_return"], info["episode_length"]
-        # fallback for envs without onlinerec's info keys: every terminated|truncated ends an episode,
-        # except where a crashed worker was restarted (its episode is dropped)
-        end = done & ~np.asarray(info.get("restarted", False), dtype=bool)
-        self._returns += reward
-        self._lengths += 1
-        ret, length = np.where(end, self._returns, 0.0), np.where(end, self._lengths, 0)
-        self._returns[done] = 0.0
-        self._lengths[done] = 0
-        return end, ret, length
-
     # -- one segment --------------------------------------------------------------------------
     @torch.no_grad()
     def next_segment(self, m: int) -> RolloutSegment:
@@ -254,7 +247,7 @@ class RolloutStream:
             obs, reward, terminated, truncated, info = self.env.step(actions.numpy())
             done = np.logical_or(terminated, truncated)
             self.env_restarts += int(np.count_nonzero(info.get("restarted", False)))
-            end, ret, length = self._episode_stats(np.asarray(reward, dtype=np.float64), done, info)
+            end, ret, length = info["episode_end"], info["episode_return"], info["episode_length"]
             entries.append(self._entry(obs, reward, done, actions, logits, logp, end, ret, length))
         self._last = entries[-1]
         self.frames += m * self.num_envs * self.action_repeat

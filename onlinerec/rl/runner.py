@@ -1,16 +1,15 @@
-"""Shared plumbing of the packaged RL examples: a typed experiment config, a YAML/command-line parser, the
-Lightning run (rich progress, CSV/TensorBoard logs, checkpoints, resume), greedy evaluation and learning curves.
+"""``onlinerec rl``: one R2AC experiment from a typed config: the Lightning run (rich progress, CSV/TensorBoard logs,
+checkpoints, resume), greedy evaluation and learning curves.
 
-``python examples/atari.py --game breakout --total_frames 2e5`` and friends are thin wrappers around
-:func:`main`. Everything an example needs is a field of :class:`ExperimentConfig`; a YAML file sets any of them
-(``--config file.yaml``) and later command-line flags override it (``--r2ac.lr 1e-3``).
+Everything a run needs is a field of :class:`ExperimentConfig`; a YAML file sets any of them (``onlinerec rl --config
+examples/configs/memory_tmaze.yaml``) and later options override it (``--r2ac.lr 1e-3``). The packaged examples
+(``examples/atari.py`` ...) are thin scripts that pick a YAML and call :func:`main`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 import warnings
@@ -19,16 +18,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onlinerec.gradients import METHODS
 from onlinerec.rl.r2ac import R2ACConfig
 
-__all__ = ["ExperimentConfig", "load_curve", "main", "parse_config", "plot_learning_curves", "run_experiment"]
-
-METHODS = ("rtrl", "tbptt", "snap", "feedforward")
+__all__ = ["ExperimentConfig", "load_curve", "main", "parse_experiment", "plot_learning_curves", "run_experiment"]
 
 
 @dataclass
 class ExperimentConfig:
-    """One R2AC training run. Frame budgets count env frames (agent steps x action repeat, spec §5.2)."""
+    """One R2AC training run. Frame budgets count env frames (agent steps x action repeat; docs/r2ac.md#optimiser-and-hyper-parameters)."""
 
     env: str = "memory:tmaze"
     """Env id for ``onlinerec.rl.envs.make_vector_env`` ("ALE/Breakout-v5", "procgen:chaser", "dmlab:rooms_watermaze", ...)."""
@@ -39,13 +37,14 @@ class ExperimentConfig:
     num_envs: int = 32
     """B: env streams, i.e. the learner's batch (32 in the paper)."""
     method: str = "rtrl"
-    """Gradient method of the core: "rtrl", "tbptt", "snap", or "feedforward" (no recurrent core)."""
+    """Gradient method of the recurrent core: a name in ``onlinerec.gradients.METHODS`` ("rtrl", "tbptt", "snap")."""
     M: int = 50
-    """Unroll length: TD horizon, update period and BPTT span (spec §5.1)."""
+    """Unroll length: TD horizon, update period and BPTT span (docs/r2ac.md#overview)."""
     total_frames: float = 1e6
     """Training budget in env frames; training runs ``total_frames / (M * num_envs * action_repeat)`` updates."""
-    cell: str = "elstm"
-    """Cell alias ("elstm", "qrnn", "sru", "felstm")."""
+    cell: str | None = "elstm"
+    """Recurrent cell: a name in ``onlinerec.cells.CELLS`` ("elstm", "qrnn", "sru", "felstm") or a class path;
+    ``none`` (null) for the feed-forward baseline (no recurrent core)."""
     hidden_size: int = 256
     """N, the cell's width (256 Atari/ProcGen, 512 DMLab)."""
     cell_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -71,12 +70,18 @@ class ExperimentConfig:
     forever in a deterministic game (Atari without sticky actions), which sampling avoids."""
     eval_max_steps: int | None = None
     """Cap on evaluation agent steps (per env); the episodes finished by then are reported."""
-    out_dir: str = "runs/r2ac"
-    """Where logs (CSV, TensorBoard), checkpoints, the learning curve and eval.json go."""
+    out_dir: str = "runs/{env}/{method}-{cell}-M{M}-seed{seed}"
+    """Where logs (CSV, TensorBoard), checkpoints, the learning curve, config.json and eval.json go. ``{field}``
+    placeholders take the config's values (``{env}`` with ``/`` and ``:`` as ``_``, ``{cell}`` "none" for the
+    feed-forward baseline), so runs that differ in them never share a folder."""
     checkpoint_every: int = 1000
     """Save ``last.ckpt`` every this many updates (and at the end)."""
     resume: bool = True
-    """Resume from ``out_dir/checkpoints/last.ckpt`` if it exists."""
+    """Continue the run in ``out_dir`` from its ``checkpoints/last.ckpt`` if there is one, provided it is the same
+    experiment (config.json: only budgets and reporting may change). False refuses a folder that already holds a run,
+    rather than overwriting it."""
+    allow_config_change: bool = False
+    """Resume even though settings that define the experiment changed (recorded in config_changes.json)."""
     log_every: int = 10
     """Log metrics every this many updates."""
     threads: int | None = None
@@ -88,37 +93,34 @@ class ExperimentConfig:
     accelerator: str = "auto"
     """Lightning accelerator ("cpu", "gpu", "auto")."""
 
+    @property
+    def run_dir(self) -> Path:
+        """``out_dir`` with its ``{field}`` placeholders filled in."""
+        values = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        values["env"] = str(self.env).replace("/", "_").replace(":", "_")
+        values["cell"] = "none" if self.cell is None else str(self.cell).rsplit(".", 1)[-1]
+        try:
+            return Path(self.out_dir.format(**values))
+        except (KeyError, IndexError) as err:
+            raise ValueError(
+                f"out_dir {self.out_dir!r} names an unknown field {err}; fields: {sorted(values)}."
+            ) from None
 
-def parse_config(
-    argv: Sequence[str] | None = None, default_config: str | Path | None = None, description: str = ""
-) -> ExperimentConfig:
-    """Parse ``--config file.yaml`` plus field overrides (``--M 5 --r2ac.lr 1e-3``) into an ExperimentConfig."""
-    from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
-
-    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # --help shows each config field's docstring
-
-    parser = ArgumentParser(
-        description=description, default_config_files=[str(default_config)] if default_config else None
-    )
-    parser.add_argument("--config", action=ActionConfigFile, help="YAML file with any of the fields below.")
-    parser.add_class_arguments(ExperimentConfig, as_group=False)
-    cfg = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    objs = parser.instantiate_classes(cfg)
-    values = {k: v for k, v in vars(objs).items() if k in ExperimentConfig.__dataclass_fields__}
-    r2ac = values.get("r2ac")
-    if isinstance(r2ac, dict) or r2ac is None:
-        values["r2ac"] = R2ACConfig(**(r2ac or {}))
-    elif hasattr(r2ac, "__dict__") and not isinstance(r2ac, R2ACConfig):
-        values["r2ac"] = R2ACConfig(**vars(r2ac))
-    return ExperimentConfig(**values)
+    def __post_init__(self) -> None:
+        if isinstance(self.cell, str) and self.cell.lower() in ("none", "null", ""):
+            self.cell = None
+        if self.method == "feedforward":
+            raise ValueError(
+                "the feed-forward baseline is chosen with the cell, not the method: --cell none (cell: null in YAML); "
+                "the method (rtrl/tbptt/snap) then only sets M for the rollouts."
+            )
+        METHODS.resolve(self.method)  # an unknown name fails here, listing the choices
 
 
 def _strategy(cfg: ExperimentConfig):
-    from onlinerec import RTRLStrategy, SnAPStrategy, TBPTTStrategy
+    from onlinerec.training.strategies import make_strategy
 
-    if cfg.method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {cfg.method!r}.")
-    return {"rtrl": RTRLStrategy, "snap": SnAPStrategy}.get(cfg.method, TBPTTStrategy)(M=cfg.M)
+    return make_strategy(cfg.method, M=cfg.M)
 
 
 def build(cfg: ExperimentConfig):
@@ -133,7 +135,7 @@ def build(cfg: ExperimentConfig):
     model = R2AC(
         num_actions,
         obs_shape,
-        cell=None if cfg.method == "feedforward" else cfg.cell,
+        cell=cfg.cell,
         hidden_size=cfg.hidden_size,
         stem=cfg.stem,
         fc_size=cfg.fc_size,
@@ -158,14 +160,86 @@ def load_stem(model, path: str | Path) -> None:
     model.stem.load_state_dict(stem)
 
 
+RESUMABLE_CHANGES = frozenset(
+    {
+        "total_frames",
+        "eval_episodes",
+        "eval_envs",
+        "eval_greedy",
+        "eval_max_steps",
+        "checkpoint_every",
+        "resume",
+        "allow_config_change",
+        "log_every",
+        "threads",
+        "progress",
+        "tensorboard",
+        "accelerator",
+    }
+)
+"""Fields a resumed run may change (its budget and its reporting); every other field defines the experiment."""
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and key == "r2ac":
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_changes(stored: dict[str, Any], cfg: ExperimentConfig) -> dict[str, tuple[Any, Any]]:
+    """``{field: (stored value, new value)}`` for the fields that define the experiment and differ.
+    (``r2ac.total_updates`` follows ``total_frames``, which may change, so it is not compared.)"""
+    old, new = _flat(stored), _flat(json.loads(json.dumps(asdict(cfg), default=str)))
+    skip = RESUMABLE_CHANGES | {"r2ac.total_updates"}
+    return {
+        k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if k not in skip and old.get(k) != new.get(k)
+    }
+
+
+def resume_point(cfg: ExperimentConfig, out: Path) -> Path | None:
+    """The checkpoint to resume from (None: start fresh), after refusing what would mix or overwrite experiments."""
+    from onlinerec.training.checkpoint import verify_checkpoint_file
+
+    last = out / "checkpoints" / "last.ckpt"
+    if not last.exists():
+        return None
+    if not cfg.resume:
+        raise FileExistsError(
+            f"{out} already holds a run ({last.relative_to(out)}); --resume false would train from scratch and overwrite "
+            "its results. Choose another --out_dir, or delete that folder to start this run again."
+        )
+    verify_checkpoint_file(last)
+    stored = out / "config.json"
+    if stored.exists():
+        changes = config_changes(json.loads(stored.read_text()), cfg)
+        if changes and not cfg.allow_config_change:
+            listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in ((k, *v) for k, v in changes.items()))
+            raise ValueError(
+                f"{out} holds a different experiment, so it is not resumed ({listed}). Give this run its own "
+                "--out_dir (the default folder name already contains env, method, cell, M and seed), or pass "
+                "--allow_config_change true to continue that run with the new settings."
+            )
+        if changes:
+            log = out / "config_changes.json"
+            history = json.loads(log.read_text()) if log.exists() else []
+            history.append({k: {"was": a, "now": b} for k, (a, b) in changes.items()})
+            log.write_text(json.dumps(history, indent=2, default=str))
+    return last
+
+
 def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     """Train, evaluate greedily, write ``eval.json`` and ``learning_curve.png`` under ``cfg.out_dir``."""
     import lightning as L
     import torch
-    from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar, TQDMProgressBar
+    from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
     from onlinerec.rl.envs import make_vector_env
+    from onlinerec.training import StepProgressBar
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -175,7 +249,8 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     ):
         warnings.filterwarnings("ignore", message=noise)  # the rollout loader is sized on purpose (no prefetch)
     L.seed_everything(cfg.seed, verbose=False)
-    out = Path(cfg.out_dir)
+    out = cfg.run_dir
+    ckpt_path = resume_point(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
     model, dm, strategy, updates = build(cfg)
@@ -191,10 +266,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
         ModelCheckpoint(dirpath=ckpt_dir, save_last=True, save_top_k=0, every_n_train_steps=cfg.checkpoint_every)
     ]
     if cfg.progress:
-        try:
-            callbacks.append(RichProgressBar(leave=True))
-        except ModuleNotFoundError:
-            callbacks.append(TQDMProgressBar())
+        callbacks.append(StepProgressBar(f"R2AC {cfg.method}(M={cfg.M}) updates", leave=True))
     trainer = L.Trainer(
         strategy=strategy,
         accelerator=cfg.accelerator,
@@ -207,12 +279,11 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-    last = ckpt_dir / "last.ckpt"
     start = time.perf_counter()
-    trainer.fit(model, dm, ckpt_path=str(last) if cfg.resume and last.exists() else None)
-    trainer.save_checkpoint(last)
+    trainer.fit(model, dm, ckpt_path=None if ckpt_path is None else str(ckpt_path))
+    trainer.save_checkpoint(ckpt_dir / "last.ckpt")
     result: dict[str, Any] = {
-        "frames": model.frames,
+        "frames": dm.frames,
         "updates": trainer.global_step,
         "train_seconds": time.perf_counter() - start,
     }
@@ -236,17 +307,36 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
         pass  # no episode finished yet: nothing to plot
     summary = f"frames {result['frames']:,}  updates {result['updates']}"
     if "eval" in result:
-        ev = result["eval"]
-        summary += f"  {'greedy' if cfg.eval_greedy else 'sampled'} eval over {len(ev['returns'])} episodes: {ev['mean']:.3f} ± {ev['std']:.3f}"
+        ev, kind = result["eval"], "greedy" if cfg.eval_greedy else "sampled"
+        if ev["returns"]:
+            summary += f"  {kind} eval over {len(ev['returns'])} episodes: {ev['mean']:.3f} ± {ev['std']:.3f}"
+        if ev["truncated"]:
+            summary += (
+                f"\n{'no' if not ev['returns'] else 'only ' + str(len(ev['returns']))} evaluation episode(s) of "
+                f"{cfg.eval_episodes} finished within eval_max_steps={cfg.eval_max_steps} agent steps: raise "
+                "--eval_max_steps" + (" (or --eval_greedy false: a greedy policy can stall)" if cfg.eval_greedy else "")
+            )
     print(summary, f"\nlogs, checkpoints and learning_curve.png in {out}", flush=True)
     return result
 
 
+def parse_experiment(
+    argv: Sequence[str] | None = None, default_config: str | Path | None = None, description: str = ""
+) -> ExperimentConfig:
+    """An :class:`ExperimentConfig` from options and YAML files (``default_config`` first), as ``onlinerec rl`` reads it."""
+    from onlinerec.config import parse_config
+
+    return parse_config(
+        ExperimentConfig, argv, prog="onlinerec rl", description=description or __doc__, default_config=default_config
+    )
+
+
 def main(argv: Sequence[str] | None = None, default_config: str | Path | None = None, description: str = "") -> int:
-    """Entry point of the examples: parse, run, and turn a missing env backend into a clear error."""
+    """``onlinerec rl``: parse (see :func:`onlinerec.config.parse_config`), run, and turn a missing env backend into a
+    clear error. The examples call it with their YAML as ``default_config``."""
     from onlinerec.rl.envs import MissingBackendError
 
-    cfg = parse_config(argv, default_config, description)
+    cfg = parse_experiment(argv, default_config, description)
     try:
         run_experiment(cfg)
     except MissingBackendError as err:
@@ -315,8 +405,3 @@ def plot_learning_curves(
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-
-
-if __name__ == "__main__":  # pragma: no cover
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""V-trace off-policy actor-critic targets (Espeholt et al. 2018; spec §5.1).
+"""V-trace off-policy actor-critic targets (Espeholt et al. 2018; docs/r2ac.md#v-trace).
 
 Everything here runs without gradient: the targets are constants for the loss.
 """

@@ -62,8 +62,12 @@ class SequenceClassifier(OnlineRecurrentModule):
         # compute_groups=False: metrics with equal states after the first update must not be merged (torchmetrics
         # would then share one state between, e.g., token and no-op accuracy for the rest of the epoch).
         self.train_metrics = MetricCollection({"acc": TokenAccuracy(ignore_index)}, compute_groups=False)
-        self.val_metrics = MetricCollection({"acc": TokenAccuracy(ignore_index), **self.eval_metrics()}, compute_groups=False)
-        self.test_metrics = MetricCollection({"acc": TokenAccuracy(ignore_index), **self.eval_metrics()}, compute_groups=False)
+        self.val_metrics = MetricCollection(
+            {"acc": TokenAccuracy(ignore_index), **self.eval_metrics()}, compute_groups=False
+        )
+        self.test_metrics = MetricCollection(
+            {"acc": TokenAccuracy(ignore_index), **self.eval_metrics()}, compute_groups=False
+        )
 
     def eval_metrics(self) -> dict[str, Metric]:
         """Extra validation/test metrics; ``update(logits, targets, sequence_id=...)`` is called on each."""

@@ -19,7 +19,7 @@ __all__ = ["CopyTaskModule"]
 
 
 class CopyTaskModule(SequenceClassifier):
-    """Copy-task model (spec §6): one-hot tokens (D = 3) -> cell -> output gate -> Linear(N -> 3).
+    """Copy-task model (docs/copy_task.md#model-and-training): one-hot tokens (D = 3) -> cell -> output gate -> Linear(N -> 3).
 
     Reports, on validation and test, token accuracy ``acc``, sequence accuracy ``seq_acc``, print accuracy
     ``print_acc`` and no-op accuracy ``noop_acc``. Defaults follow the paper's optimiser (Adam, lr 3e-5,

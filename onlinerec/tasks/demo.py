@@ -13,7 +13,6 @@ line ``demo: rtrl=<acc> tbptt=<acc> M=<M> delay=<steps> seeds=<k>`` (accuracies 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -23,7 +22,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +35,10 @@ from rich.table import Table
 
 from onlinerec.data.delayed_recall import DelayedRecallDataModule
 from onlinerec.tasks.classifier import SequenceClassifier
-from onlinerec.training.strategies import RTRLStrategy, TBPTTStrategy
+from onlinerec.training.strategies import make_strategy
 
-METHODS = {"rtrl": RTRLStrategy, "tbptt": TBPTTStrategy}
+COMPARED = ("rtrl", "tbptt")
+"""The gradient methods the demo compares (names in :data:`onlinerec.gradients.METHODS`)."""
 LABELS = {"rtrl": "RTRL", "tbptt": "TBPTT"}
 
 
@@ -79,9 +79,24 @@ class DemoConfig:
             self.steps = 8 * max(self.delay, 1)
         if self.forget_bias is None:
             self.forget_bias = max(1.0, 3.0 + math.log2(max(self.delay, 1) / 100))
+        for name in ("M", "steps", "seeds", "num_symbols", "hidden_size", "num_streams", "eval_size", "curve_points"):
+            least = 2 if name == "num_symbols" else 1
+            if getattr(self, name) < least:
+                raise ValueError(f"--{name} must be at least {least}, got {getattr(self, name)}.")
+        if self.delay < 0:
+            raise ValueError(f"--delay must be >= 0, got {self.delay}.")
 
 
-QUICK = {"M": 4, "delay": 12, "steps": 24, "seeds": 2, "hidden_size": 8, "num_streams": 8, "eval_size": 32, "curve_points": 4}
+QUICK = {
+    "M": 4,
+    "delay": 12,
+    "steps": 24,
+    "seeds": 2,
+    "hidden_size": 8,
+    "num_streams": 8,
+    "eval_size": 32,
+    "curve_points": 4,
+}
 """What ``--quick`` changes (options given explicitly still win)."""
 
 
@@ -104,7 +119,9 @@ class _OnlineAccuracy(Callback):
         self.steps: list[int] = []
         self.accuracy: list[float] = []
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self.correct += int(outputs["correct"])
         self.count += int(outputs["count"])
         step = trainer.global_step
@@ -134,7 +151,9 @@ def _trainer(**kwargs: Any) -> L.Trainer:
     return L.Trainer(**(base | kwargs))
 
 
-def train_one(method: str, seed: int, cfg: DemoConfig, report: Callable[[int, float | None], None] = lambda s, a: None) -> RunResult:
+def train_one(
+    method: str, seed: int, cfg: DemoConfig, report: Callable[[int, float | None], None] = lambda s, a: None
+) -> RunResult:
     """Train one eLSTM with ``method`` ("rtrl" or "tbptt") on delayed recall and score it on held-out sequences."""
     start = time.perf_counter()
     L.seed_everything(seed, verbose=False)
@@ -160,7 +179,7 @@ def train_one(method: str, seed: int, cfg: DemoConfig, report: Callable[[int, fl
     )
     curve = _OnlineAccuracy(max(1, cfg.steps // cfg.curve_points), report)
     trainer = _trainer(
-        strategy=METHODS[method](M=cfg.M),
+        strategy=make_strategy(method, M=cfg.M),
         max_steps=cfg.steps,
         gradient_clip_val=1.0,
         limit_val_batches=0,
@@ -187,7 +206,7 @@ def plot_curves(results: list[RunResult], cfg: DemoConfig, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     colors = {"rtrl": "tab:blue", "tbptt": "tab:orange"}
-    for method in METHODS:
+    for method in COMPARED:
         runs = [r for r in results if r.method == method and r.curve_steps]
         if not runs:
             continue
@@ -196,13 +215,17 @@ def plot_curves(results: list[RunResult], cfg: DemoConfig, path: Path) -> None:
         cols = list(zip(*(r.curve_accuracy[:n] for r in runs)))
         mean = [statistics.fmean(c) for c in cols]
         final, _, _ = _summary(results, method)
-        ax.plot(xs, mean, color=colors[method], lw=2, label=f"{LABELS[method]}(M={cfg.M}): held-out accuracy {final:.1%}")
+        ax.plot(
+            xs, mean, color=colors[method], lw=2, label=f"{LABELS[method]}(M={cfg.M}): held-out accuracy {final:.1%}"
+        )
         ax.fill_between(xs, [min(c) for c in cols], [max(c) for c in cols], color=colors[method], alpha=0.2, lw=0)
     ax.axhline(1 / cfg.num_symbols, color="gray", ls="--", lw=1, label=f"chance (1/{cfg.num_symbols})")
     ax.set_xlabel(f"weight updates (each = M = {cfg.M} steps of {cfg.num_streams} streams)")
     ax.set_ylabel("online training accuracy")
     ax.set_ylim(0, 1.02)
-    ax.set_title(f"Delayed recall, delay {cfg.delay} steps: eLSTM (N={cfg.hidden_size}), {cfg.seeds} seeds (band: min..max)")
+    ax.set_title(
+        f"Delayed recall, delay {cfg.delay} steps: eLSTM (N={cfg.hidden_size}), {cfg.seeds} seeds (band: min..max)"
+    )
     ax.title.set_fontsize(10)
     ax.legend(loc="upper left", fontsize=9)
     ax.grid(alpha=0.3)
@@ -245,8 +268,11 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict[str, Any]:
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console) as progress:
-        jobs = [(method, seed) for seed in range(cfg.seeds) for method in METHODS]
-        tasks = {job: progress.add_task(f"{LABELS[job[0]]} seed {job[1]}", total=cfg.steps, acc="  -  ", start=False) for job in jobs}
+        jobs = [(method, seed) for seed in range(cfg.seeds) for method in COMPARED]
+        tasks = {
+            job: progress.add_task(f"{LABELS[job[0]]} seed {job[1]}", total=cfg.steps, acc="  -  ", start=False)
+            for job in jobs
+        }
         for job in jobs:
             task = tasks[job]
             progress.start_task(task)
@@ -255,20 +281,29 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict[str, Any]:
                 progress.update(task, completed=step, acc="  -  " if acc is None else f"{acc:5.1%}")
 
             result = train_one(*job, cfg, report)
-            progress.update(task, completed=cfg.steps, acc=f"{result.curve_accuracy[-1]:5.1%}" if result.curve_accuracy else "  -  ")
+            progress.update(
+                task, completed=cfg.steps, acc=f"{result.curve_accuracy[-1]:5.1%}" if result.curve_accuracy else "  -  "
+            )
             progress.stop_task(task)
             results.append(result)
 
-    table = Table(title=f"Held-out accuracy after {cfg.steps} updates (delay {cfg.delay}, M = {cfg.M}; chance {1 / cfg.num_symbols:.0%})")
+    table = Table(
+        title=f"Held-out accuracy after {cfg.steps} updates (delay {cfg.delay}, M = {cfg.M}; chance {1 / cfg.num_symbols:.0%})"
+    )
     table.add_column("method")
     table.add_column("accuracy (mean ± std)", justify="right")
     table.add_column("per seed", justify="right")
     table.add_column("s / run", justify="right")
     summary: dict[str, Any] = {}
-    for method in METHODS:
+    for method in COMPARED:
         mean, std, accs = _summary(results, method)
         secs = statistics.fmean(r.seconds for r in results if r.method == method)
-        table.add_row(f"{LABELS[method]}(M={cfg.M})", f"{mean:.1%} ± {std:.1%}", "  ".join(f"{a:.1%}" for a in accs), f"{secs:.1f}")
+        table.add_row(
+            f"{LABELS[method]}(M={cfg.M})",
+            f"{mean:.1%} ± {std:.1%}",
+            "  ".join(f"{a:.1%}" for a in accs),
+            f"{secs:.1f}",
+        )
         summary[method] = {"mean": mean, "std": std, "per_seed": accs, "seconds_per_run": secs}
     console.print(table)
 
@@ -283,47 +318,14 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict[str, Any]:
     return summary
 
 
-def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
-    """Build a :class:`DemoConfig` from command-line options (``--quick`` first applies :data:`QUICK`)."""
-    parser = argparse.ArgumentParser(
-        prog="onlinerec demo",
-        description="Train an eLSTM with exact RTRL and with truncated BPTT (same M) on delayed recall, on CPU, and compare.",
-    )
-    docs = _field_docs()
-    for f in fields(DemoConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", default=None, help=docs.get(f.name))
-        else:
-            kind = {"int": int, "float": float, "str": str}[str(f.type).split(" |")[0]]
-            default = "" if f.default is None else f" (default: {f.default})"
-            parser.add_argument(flag, type=kind, default=None, help=f"{docs.get(f.name)}{default}", metavar=f.name.upper())
-    given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
-    values = (QUICK if given.get("quick") else {}) | given
-    cfg = DemoConfig(**values)
-    for name in ("M", "steps", "seeds", "num_symbols", "hidden_size", "num_streams", "eval_size", "curve_points"):
-        if getattr(cfg, name) < (2 if name == "num_symbols" else 1):
-            parser.error(f"--{name.replace('_', '-')} must be at least {2 if name == 'num_symbols' else 1}.")
-    if cfg.delay < 0:
-        parser.error("--delay must be >= 0.")
-    return cfg
-
-
-def _field_docs() -> dict[str, str]:
-    """The attribute docstrings of :class:`DemoConfig` (the line after each field), for --help."""
-    import ast
-    import inspect
-
-    body = ast.parse(inspect.getsource(DemoConfig)).body[0].body  # type: ignore[attr-defined]
-    docs = {}
-    for a, b in zip(body, body[1:]):
-        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
-            docs[a.target.id] = str(b.value.value)  # type: ignore[union-attr]
-    return docs
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    cfg = parse_args(argv)
+    """``onlinerec demo [options]``: parse (see :func:`onlinerec.config.parse_config`), run, print the summary line."""
+    from onlinerec.config import parse_config
+
+    cfg = parse_config(DemoConfig, argv, prog="onlinerec demo", description=DESCRIPTION, presets={"quick": QUICK})
     summary = run_demo(cfg)
     print(summary["line"], flush=True)
     return 0
+
+
+DESCRIPTION = "Train an eLSTM with exact RTRL and with truncated BPTT (same M) on delayed recall, on CPU, and compare."

@@ -34,7 +34,9 @@ def _labels(preds: Tensor, target: Tensor) -> Tensor:
     if preds.dim() == target.dim() + 1:
         return preds.argmax(-1)
     if preds.shape != target.shape:
-        raise ValueError(f"preds {tuple(preds.shape)} must be labels shaped like target {tuple(target.shape)} or logits (..., C).")
+        raise ValueError(
+            f"preds {tuple(preds.shape)} must be labels shaped like target {tuple(target.shape)} or logits (..., C)."
+        )
     return preds
 
 
@@ -79,7 +81,7 @@ class SequenceAccuracy(Metric):
 
     Steps are grouped by ``sequence_id`` (a :class:`SequenceSegment` field), so a sequence may span any number
     of segments and updates; padding (``sequence_id < 0``) is skipped, and steps whose target is
-    ``ignore_index`` count as correct (spec §6). Call ``compute`` once every sequence is complete (at epoch end).
+    ``ignore_index`` count as correct (docs/copy_task.md#metrics). Call ``compute`` once every sequence is complete (at epoch end).
     """
 
     is_differentiable = False

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 
-__all__ = ["PRIVATE_HOOKS", "complete_checkpoint_io", "keep_loader_order"]
+__all__ = ["PRIVATE_HOOKS", "StepProgressBar", "complete_checkpoint_io", "keep_loader_order"]
 
 PRIVATE_HOOKS = {
     "lightning.pytorch.strategies.DDPStrategy._configure_launcher": "one process: no launcher, so notebooks work",
     "lightning.pytorch.strategies.DDPStrategy._setup_model": "one process: no DistributedDataParallel wrapper",
     "lightning.pytorch.Trainer._accelerator_connector.use_distributed_sampler": "never inject a (shuffling) sampler",
     "lightning.pytorch.plugins.io.wrapper._WrappingCheckpointIO": "an AsyncCheckpointIO wraps the atomic writer",
+    "lightning.pytorch.callbacks.RichProgressBar._get_train_description": "no 'Epoch 0/-2' in step-budgeted runs",
 }
 """Every private Lightning name onlinerec uses, with the reason."""
 
@@ -41,3 +43,20 @@ def complete_checkpoint_io(io: CheckpointIO | None, default: CheckpointIO) -> Ch
     if isinstance(io, _WrappingCheckpointIO) and io.checkpoint_io is None:
         io.checkpoint_io = default
     return io
+
+
+class StepProgressBar(RichProgressBar):
+    """Lightning's rich progress bar for runs budgeted in steps (``max_steps``, ``max_epochs=-1``): the bar is named
+    ``description`` instead of "Epoch 0/-2", and the logger's version number (``v_num``) is not shown."""
+
+    def __init__(self, description: str = "training", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.description = description
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        return self.description
+
+    def get_metrics(self, trainer: Any, pl_module: Any) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)
+        return items

@@ -52,7 +52,9 @@ class FiniteGuard(Callback):
         self._batch_idx: int | None = None
 
     @override
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._batch_idx = batch_idx
 
     @override
@@ -61,7 +63,9 @@ class FiniteGuard(Callback):
             self._losses.append(loss.detach())
 
     @override
-    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer) -> None:
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
         losses, self._losses = self._losses, []
         if not self.enabled or trainer.global_step % self.every_n_steps != 0:
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import lightning as L
@@ -17,8 +18,8 @@ from onlinerec.cells.base import ElementwiseCell
 from onlinerec.data.segment import Segment
 from onlinerec.gradients import METHODS, TBPTT, Carry, GradientMethod
 from onlinerec.training.callbacks import FiniteGuard
-from onlinerec.training.checkpoint import CARRY_KEY
-from onlinerec.training.stream_order import ContinuityCheck, check_stream_order
+from onlinerec.training.checkpoint import CARRY_KEY, verify_checkpoint_file
+from onlinerec.training.stream_order import ContinuityCheck, check_ranks_differ, check_stream_order
 
 __all__ = ["OnlineRecurrentModule"]
 
@@ -48,10 +49,14 @@ class OnlineRecurrentModule(L.LightningModule):
     multiplied by the number of processes W before backward, so that W processes with B streams each take the
     gradient of one process with all W * B streams (DDP averages gradients); a mean needs nothing."""
 
-    def __init__(self, cell: ElementwiseCell | None, lr: float = 1e-3, method: GradientMethod | str | None = None) -> None:
+    def __init__(
+        self, cell: ElementwiseCell | None, lr: float = 1e-3, method: GradientMethod | str | None = None
+    ) -> None:
         super().__init__()
         if cell is not None and not isinstance(cell, ElementwiseCell):
-            raise TypeError(f"cell must be an onlinerec ElementwiseCell (or None for a feed-forward model), got {type(cell).__name__}.")
+            raise TypeError(
+                f"cell must be an onlinerec ElementwiseCell (or None for a feed-forward model), got {type(cell).__name__}."
+            )
         self.cell = cell
         self.lr = lr
         self._method: GradientMethod | None = None if method is None else METHODS.build(method)
@@ -59,6 +64,16 @@ class OnlineRecurrentModule(L.LightningModule):
         self._continuity = ContinuityCheck()  # SequenceSegments: a slot keeps its sequence unless reset
         self._checked_loaders: int | None = None  # id of the training loader(s) check_stream_order last passed
         self._current_stream: str | None = None
+        self._ranks_checked = False  # once per fit: DDP ranks must not all train on the same streams
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """Lightning's ``load_from_checkpoint``, after checking the file (:func:`~onlinerec.training.checkpoint.
+        verify_checkpoint_file`: a damaged file is named, not half-loaded) and weights-only unless asked otherwise."""
+        if isinstance(checkpoint_path, (str, os.PathLike)):
+            verify_checkpoint_file(checkpoint_path)
+        kwargs.setdefault("weights_only", True)
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     # -- the gradient method -------------------------------------------------------------
     @property
@@ -121,7 +136,9 @@ class OnlineRecurrentModule(L.LightningModule):
             return carry
         if set(needed) <= carry.sensitivities.keys():
             return Carry(carry.c, carry.window, {k: carry.sensitivities[k] for k in needed})
-        rank_zero_warn(f"The carried state has no sensitivities for {method!r}; they restart from zero (gradients truncate once).")
+        rank_zero_warn(
+            f"The carried state has no sensitivities for {method!r}; they restart from zero (gradients truncate once)."
+        )
         fresh = method.init_carry(self.cell, carry.batch_size, device=carry.c.device, dtype=carry.c.dtype)
         return Carry(carry.c, carry.window, fresh.sensitivities)
 
@@ -138,7 +155,12 @@ class OnlineRecurrentModule(L.LightningModule):
         carry = self._carries.get(stream)
         if carry is None or carry.batch_size != inputs.shape[1]:
             carry = _EVAL.init_carry(self.cell, inputs.shape[1])
-        return _EVAL.unroll(self.cell, inputs, reset, Carry(carry.c.to(inputs.device), None if carry.window is None else carry.window.to(inputs.device)))[0]
+        return _EVAL.unroll(
+            self.cell,
+            inputs,
+            reset,
+            Carry(carry.c.to(inputs.device), None if carry.window is None else carry.window.to(inputs.device)),
+        )[0]
 
     def reset_streams(self, stream: str | None = None) -> None:
         """Forget the carried state of one stream name (or of all)."""
@@ -156,8 +178,13 @@ class OnlineRecurrentModule(L.LightningModule):
         return self.cell.readout(self.unroll(x, reset, stream), x)
 
     # -- what a subclass writes ----------------------------------------------------------
-    def segment_loss(self, outputs: Tensor, segment: Segment) -> Tensor | dict[str, Tensor]:
-        """The loss of one segment from the model's outputs (M, B, ...), or a dict with "loss" and more.
+    def segment_outputs(self, segment: Segment, stream: str) -> Any:
+        """What :meth:`segment_loss` reads: by default ``self(segment.inputs, segment.reset, stream)`` (M, B, ...).
+        Override it when a segment is not read whole (R2AC: M steps with gradient, a bootstrap step without)."""
+        return self(segment.inputs, segment.reset, stream)
+
+    def segment_loss(self, outputs: Any, segment: Segment) -> Tensor | dict[str, Tensor]:
+        """The loss of one segment from :meth:`segment_outputs` (M, B, ...), or a dict with "loss" and more.
 
         Floating-point entries of the dict are logged as ``<stream>/<name>`` ("train/acc"); integer entries are
         returned to callbacks but not logged. An integer entry ``count`` says how many items the loss averages
@@ -172,7 +199,8 @@ class OnlineRecurrentModule(L.LightningModule):
 
     # -- the template step (every split) --------------------------------------------------
     def shared_step(self, segment: Segment, stream: str) -> dict[str, Tensor]:
-        """Check the batch, run the model over it carrying ``stream``'s state, compute and log :meth:`segment_loss`.
+        """Check the batch, run the model over it carrying ``stream``'s state (:meth:`segment_outputs`), compute and
+        log :meth:`segment_loss`.
 
         Returns the loss dict (``"loss"`` first); Lightning backpropagates ``"loss"`` in training.
         """
@@ -183,17 +211,28 @@ class OnlineRecurrentModule(L.LightningModule):
                 "SegmentStream or SequenceDataModule; a DataLoader needs batch_size=None so that it does not re-batch them."
             )
         if stream == "train":
+            self._check_steps(segment)
             self._continuity.check(segment, continuing="train" in self._carries)
+            if not self._ranks_checked and not segment.distinct_per_rank:
+                self._ranks_checked = True
+                check_ranks_differ(segment)
         self._current_stream = stream
         try:
-            result = self.segment_loss(self(segment.inputs, segment.reset, stream), segment)
+            result = self.segment_loss(self.segment_outputs(segment, stream), segment)
         finally:
             self._current_stream = None
         result = dict(result) if isinstance(result, dict) else {"loss": result}
         if "loss" not in result:
-            raise KeyError(f"{type(self).__name__}.segment_loss returned a dict without 'loss' (keys: {sorted(result)}).")
+            raise KeyError(
+                f"{type(self).__name__}.segment_loss returned a dict without 'loss' (keys: {sorted(result)})."
+            )
         self.log_step(result, stream, segment.num_streams)
-        if stream == "train" and self.loss_reduction == "sum" and self._trainer is not None and self.trainer.world_size > 1:
+        if (
+            stream == "train"
+            and self.loss_reduction == "sum"
+            and self._trainer is not None
+            and self.trainer.world_size > 1
+        ):
             result["loss"] = result["loss"] * self.trainer.world_size
         return result
 
@@ -224,6 +263,16 @@ class OnlineRecurrentModule(L.LightningModule):
     def test_step(self, batch: Segment, batch_idx: int) -> dict[str, Tensor]:  # type: ignore[override]
         return self.shared_step(batch, "test")
 
+    def _check_steps(self, segment: Segment) -> None:
+        """A training segment must have the strategy's M steps: M is what the method assumes between updates."""
+        m = getattr(getattr(self._trainer, "strategy", None), "M", None) if self._trainer is not None else None
+        if isinstance(m, int) and segment.steps != m:
+            raise ValueError(
+                f"the training loader gave a segment of {segment.steps} steps, but the strategy's M is {m} (the steps between "
+                f"weight updates). Make the loader read trainer.strategy.M (as SequenceDataModule and RolloutDataModule do), "
+                f"or build the strategy with M={segment.steps}."
+            )
+
     def _check_loader(self) -> None:
         """Once per training loader: refuse loaders that shuffle or interleave streams (onlinerec.training.stream_order)."""
         trainer = self._trainer
@@ -238,6 +287,10 @@ class OnlineRecurrentModule(L.LightningModule):
         """Adds :class:`~onlinerec.training.callbacks.FiniteGuard` unless the Trainer already has one (a subclass extends this list)."""
         have = self._trainer.callbacks if self._trainer is not None else []
         return [] if any(isinstance(cb, FiniteGuard) for cb in have) else [FiniteGuard()]
+
+    @override
+    def on_fit_start(self) -> None:
+        self._ranks_checked = False
 
     @override
     def on_validation_epoch_start(self) -> None:
@@ -262,7 +315,11 @@ class OnlineRecurrentModule(L.LightningModule):
             dist.gather_object(carries, gathered, dst=0)  # every rank calls this: Lightning saves collectively
             per_rank = gathered if gathered is not None else []
         # "carries" is rank 0's (the whole state in a single-process run); torch.save stores shared tensors once.
-        checkpoint[CARRY_KEY] = {"world_size": world, "carries": per_rank[0] if per_rank else {}, "rank_carries": per_rank}
+        checkpoint[CARRY_KEY] = {
+            "world_size": world,
+            "carries": per_rank[0] if per_rank else {},
+            "rank_carries": per_rank,
+        }
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

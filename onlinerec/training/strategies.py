@@ -17,18 +17,12 @@ from torch.nn import Module
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from onlinerec.data.segment import check_segment_length
 from onlinerec.gradients import METHODS, GradientMethod
 from onlinerec.training._lightning import complete_checkpoint_io, keep_loader_order
 from onlinerec.training.checkpoint import AtomicCheckpointIO
 
-__all__ = ["STRATEGIES", "OnlineStrategy", "RTRLStrategy", "SnAPStrategy", "TBPTTStrategy", "check_segment_length", "make_strategy"]
-
-
-def check_segment_length(M: Any) -> int:
-    """``M`` itself if it is an int >= 1, else a ValueError that says what M is."""
-    if isinstance(M, bool) or not isinstance(M, int) or M < 1:
-        raise ValueError(f"M (steps between weight updates) must be an int >= 1, got {M!r}. M = 1 is fully online learning.")
-    return M
+__all__ = ["STRATEGIES", "OnlineStrategy", "RTRLStrategy", "SnAPStrategy", "TBPTTStrategy", "make_strategy"]
 
 
 def _check_ddp_kwargs(cls: type, kwargs: dict[str, Any]) -> None:
@@ -62,7 +56,9 @@ class OnlineStrategy(DDPStrategy):
         self.M = check_segment_length(M)
         method = self.default_method if method is None else method
         if method is None:
-            raise ValueError(f"OnlineStrategy needs a gradient method: one of {sorted(METHODS)}, a class path or an instance.")
+            raise ValueError(
+                f"OnlineStrategy needs a gradient method: one of {sorted(METHODS)}, a class path or an instance."
+            )
         self.method: GradientMethod = METHODS.build(method)
         _check_ddp_kwargs(type(self), kwargs)
         super().__init__(**kwargs)
@@ -83,7 +79,11 @@ class OnlineStrategy(DDPStrategy):
     # One process: neither a launcher (so notebooks work), nor a process group, nor a DDP wrapper.
     @override
     def _configure_launcher(self) -> None:
-        if self.world_size > 1 or self.cluster_environment is None or self.cluster_environment.creates_processes_externally:
+        if (
+            self.world_size > 1
+            or self.cluster_environment is None
+            or self.cluster_environment.creates_processes_externally
+        ):
             super()._configure_launcher()
 
     @override

@@ -10,15 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
-__all__ = ["ContinuityCheck", "StreamOrderError", "check_stream_order"]
+from onlinerec.data.stream import StreamOrderError
 
-
-class StreamOrderError(ValueError):
-    """The training data would hand a stream's carried state to another stream (shuffling, interleaving)."""
+__all__ = ["ContinuityCheck", "StreamOrderError", "check_ranks_differ", "check_stream_order"]
 
 
 _ADVICE = (
@@ -113,3 +113,24 @@ class ContinuityCheck:
                 "onlinerec carries each slot's state to the next segment, so keep every sequence in its slot "
                 "(no shuffling, no DataLoader workers) or set reset=True where a new sequence starts."
             )
+
+
+def check_ranks_differ(segment: Any) -> None:
+    """Under DDP, raise :class:`StreamOrderError` on every rank if all ranks got the same training segment.
+
+    Each rank must own its streams; a loader that does not shard by rank (a ``SegmentStream`` whose
+    ``make_segments`` ignores the rank, a dataset read whole on every process) trains every rank on the same data,
+    which DDP would average without complaint. One small all-gather of a fingerprint of the segment's inputs.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return
+    x = segment.inputs.detach().to(torch.float64)
+    fingerprint = (tuple(x.shape), round(float(x.sum()), 9), round(float((x * x).sum()), 9))
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, fingerprint)
+    if all(f == gathered[0] for f in gathered):
+        raise StreamOrderError(
+            f"all {len(gathered)} DDP ranks got the same first training segment, so every rank would train on the same "
+            "streams. Give each rank its own: shard by trainer.global_rank in your data module, or build the "
+            "SegmentStream with make_segments(epoch, rank, world_size) (onlinerec's data modules do this)."
+        )

@@ -167,8 +167,14 @@ def test_training_resumed_mid_epoch_matches_an_uninterrupted_run(tmp_path):
 
     def trainer(steps):
         return L.Trainer(
-            strategy=RTRLStrategy(M=3), max_steps=steps, logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+            strategy=RTRLStrategy(M=3),
+            max_steps=steps,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
         )
 
     def fresh():

@@ -1,13 +1,13 @@
-"""Every cell x every method against autograd BPTT in float64 (design §7)."""
+"""Every method on every cell against autograd references in float64 (cell-specific checks: tests/cells)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from onlinerec.gradients.check import bptt_gradients, method_gradients, reference_states, truncated_gradients
-from tests.helpers import rel_err
 
-from onlinerec import RTRL, TBPTT, ELSTMCell, FELSTMCell, NotElementwiseError, QRNNCell, SnAP, SRUCell
+from onlinerec import RTRL, TBPTT, ELSTMCell, FELSTMCell, QRNNCell, SnAP, SRUCell
+from onlinerec.gradients.check import bptt_gradients, method_gradients, reference_states, stepwise, truncated_gradients
+from tests.helpers import rel_err
 
 ELEMENTWISE = [ELSTMCell, QRNNCell, SRUCell]
 ALL_CELLS = [*ELEMENTWISE, FELSTMCell]
@@ -19,10 +19,6 @@ def make(cls, d, n, seed=0):
     return cls(d, n).double()
 
 
-def recurrent_names(cell):
-    return [k for k, _ in cell.named_parameters() if not k.startswith(("output_gate", "reset_gate", "reset_recurrent", "skip"))]
-
-
 @pytest.mark.parametrize("carry", ["batched", "stepwise"])
 @pytest.mark.parametrize("seg_len", SEGMENT_LENGTHS)
 @pytest.mark.parametrize("cls", ELEMENTWISE)
@@ -30,7 +26,8 @@ def test_rtrl_equals_full_bptt(cls, seg_len, carry, problem):
     inputs, reset, weights, d, n = problem
     cell = make(cls, d, n)
     expected, _ = bptt_gradients(cell, inputs, reset, weights)
-    got, _, _ = method_gradients(RTRL(carry=carry), cell, inputs, reset, weights, seg_len)
+    method = RTRL() if carry == "batched" else stepwise(RTRL())
+    got, _, _ = method_gradients(method, cell, inputs, reset, weights, seg_len)
     assert expected.keys() == got.keys()
     for name in expected:
         assert rel_err(got[name], expected[name]) <= 1e-10, name
@@ -79,11 +76,13 @@ def test_snap_differs_from_bptt_on_felstm_over_longer_sequences(problem):
     assert rel_err(got["input_proj.weight"], expected["input_proj.weight"]) > 1e-3
     tbptt, _, _ = method_gradients(TBPTT(), cell, inputs, reset, weights, 1)
     # SnAP-1 keeps part of the long-range signal that M = 1 truncation drops entirely.
-    assert rel_err(got["input_proj.weight"], expected["input_proj.weight"]) < rel_err(tbptt["input_proj.weight"], expected["input_proj.weight"])
+    assert rel_err(got["input_proj.weight"], expected["input_proj.weight"]) < rel_err(
+        tbptt["input_proj.weight"], expected["input_proj.weight"]
+    )
 
 
 def _felstm_snap1_reference(cell, inputs, reset, weights, seg_len):
-    """SnAP-1 for FELSTM with hand-derived formulas (spec §2.1, §4.2), step by step, no autodiff for the carry.
+    """SnAP-1 for FELSTM with hand-derived formulas (docs/rtrl.md), step by step, no autodiff for the carry.
 
     Gradient of a segment = within-segment autograd from a detached start + lambda_0 . S_0, with the sensitivities
     S[i, .] for row i of Z, F, R_z, R_f, b_z, b_f propagated with the diagonal J_ii only.
@@ -106,9 +105,13 @@ def _felstm_snap1_reference(cell, inputs, reset, weights, seg_len):
         for k, p in cell.named_parameters():
             if p.grad is not None:
                 grads[k] += p.grad
-        grads["input_proj.weight"] += torch.cat([torch.einsum("bn,bnd->nd", lam, sens["Z"]), torch.einsum("bn,bnd->nd", lam, sens["F"])])
+        grads["input_proj.weight"] += torch.cat(
+            [torch.einsum("bn,bnd->nd", lam, sens["Z"]), torch.einsum("bn,bnd->nd", lam, sens["F"])]
+        )
         grads["input_proj.bias"] += torch.cat([(lam * sens["bz"]).sum(0), (lam * sens["bf"]).sum(0)])
-        grads["recurrent_proj.weight"] += torch.cat([torch.einsum("bn,bnm->nm", lam, sens["Rz"]), torch.einsum("bn,bnm->nm", lam, sens["Rf"])])
+        grads["recurrent_proj.weight"] += torch.cat(
+            [torch.einsum("bn,bnm->nm", lam, sens["Rz"]), torch.einsum("bn,bnm->nm", lam, sens["Rf"])]
+        )
         with torch.no_grad():
             for t in range(s, min(s + seg_len, m)):
                 keep = (~reset[t]).to(inputs.dtype).unsqueeze(-1)
@@ -140,32 +143,13 @@ def test_snap_on_felstm_matches_hand_derived_reference(seg_len, problem):
         assert rel_err(got[name], expected[name]) <= 1e-10, name
 
 
-def test_elstm_local_derivatives_match_spec_formulas():
-    """j = f + w_z*zhat + w_f*fhat (the full form of spec §2.1, not the paper's eq. 8 typo)."""
-    from onlinerec.gradients.derivatives import local_derivatives
-
-    cell = make(ELSTMCell, 3, 6)
-    gen = torch.Generator().manual_seed(3)
-    gates = torch.randn(4, 2, 6, generator=gen, dtype=torch.float64)
-    c_prev = torch.randn(4, 6, generator=gen, dtype=torch.float64)
-    local = local_derivatives(cell, "recurrence", {"recurrent_weight": cell.recurrent_weight}, gates, c_prev)
-    wz, wf = cell.recurrent_weight.detach()
-    z = torch.tanh(gates[:, 0] + wz * c_prev)
-    f = torch.sigmoid(gates[:, 1] + wf * c_prev)
-    zhat, fhat = (1 - f) * (1 - z**2), (c_prev - z) * f * (1 - f)
-    torch.testing.assert_close(local.d_state, f + wz * zhat + wf * fhat)
-    torch.testing.assert_close(local.d_gates, torch.stack([zhat, fhat], 1))
-    torch.testing.assert_close(local.d_params["recurrent_weight"], torch.stack([zhat * c_prev, fhat * c_prev], 1))
-
-
 @pytest.mark.parametrize("method", [RTRL(), SnAP()], ids=["rtrl", "snap"])
 @pytest.mark.parametrize("cls", ELEMENTWISE)
 def test_batched_carry_equals_stepwise_recursion(cls, method, problem):
     inputs, reset, weights, d, n = problem
     cell = make(cls, d, n)
-    stepwise = type(method)(carry="stepwise")
     _, _, fast = method_gradients(method, cell, inputs, reset, weights, 7)
-    _, _, slow = method_gradients(stepwise, cell, inputs, reset, weights, 7)
+    _, _, slow = method_gradients(stepwise(method), cell, inputs, reset, weights, 7)
     assert fast.sensitivities.keys() == slow.sensitivities.keys()
     for name in fast.sensitivities:
         assert rel_err(fast.sensitivities[name], slow.sensitivities[name]) <= 1e-12, name
@@ -176,7 +160,7 @@ def test_batched_carry_equals_stepwise_for_snap_on_felstm(problem):
     inputs, reset, weights, d, n = problem
     cell = make(FELSTMCell, d, n)
     _, _, fast = method_gradients(SnAP(), cell, inputs, reset, weights, 6)
-    _, _, slow = method_gradients(SnAP(carry="stepwise"), cell, inputs, reset, weights, 6)
+    _, _, slow = method_gradients(stepwise(SnAP()), cell, inputs, reset, weights, 6)
     for name in fast.sensitivities:
         assert rel_err(fast.sensitivities[name], slow.sensitivities[name]) <= 1e-12, name
 
@@ -193,10 +177,17 @@ def test_rtrl_sensitivities_are_the_true_derivatives_of_the_carried_state(cls, p
     params = dict(cell.named_parameters())
     for name, sens in carry.sensitivities.items():
         p = params[name]
-        jac = torch.stack([torch.autograd.grad(final[bb].sum(), p, retain_graph=True)[0] for bb in range(final.shape[0])])
+        jac = torch.stack(
+            [torch.autograd.grad(final[bb].sum(), p, retain_graph=True)[0] for bb in range(final.shape[0])]
+        )
         # Summing over units is exact here because each parameter column n only reaches unit n.
         k = sens.shape[1]
-        torch.testing.assert_close(sens.sum(-1) if sens.shape[-1] == 1 else sens, jac.reshape(sens.shape[0], k, n, -1).squeeze(-1) if sens.shape[-1] == 1 else jac.reshape(sens.shape), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(
+            sens.sum(-1) if sens.shape[-1] == 1 else sens,
+            jac.reshape(sens.shape[0], k, n, -1).squeeze(-1) if sens.shape[-1] == 1 else jac.reshape(sens.shape),
+            rtol=1e-10,
+            atol=1e-12,
+        )
 
 
 @pytest.mark.parametrize("method", [RTRL(), TBPTT(), SnAP()], ids=["rtrl", "tbptt", "snap"])
@@ -207,82 +198,6 @@ def test_inputs_get_within_segment_backprop(method, problem):
     _, x_grad, _ = method_gradients(method, cell, inputs, reset, weights, 5)
     _, x_tbptt, _ = method_gradients(TBPTT(), cell, inputs, reset, weights, 5)
     torch.testing.assert_close(x_grad, x_tbptt, rtol=1e-12, atol=1e-12)
-
-
-def test_user_cell_written_in_a_test_gets_exact_rtrl():
-    """A new architecture: only the forward recurrence is written, never a derivative."""
-    from onlinerec import ElementwiseCell
-
-    class LeakyGRUish(ElementwiseCell):
-        num_gates = 3
-
-        def __init__(self, input_size, hidden_size):
-            super().__init__(input_size, hidden_size)
-            self.leak = torch.nn.Parameter(torch.rand(hidden_size))
-            self.mix = torch.nn.Parameter(torch.randn(3, hidden_size) * 0.3)
-
-        def recurrence(self, gates, c_prev):
-            u = torch.sigmoid(gates[..., 0, :] + self.mix[0] * c_prev)
-            r = torch.sigmoid(gates[..., 1, :] + self.mix[1] * c_prev)
-            cand = torch.tanh(gates[..., 2, :] + r * self.mix[2] * c_prev)
-            return self.leak.sigmoid() * (u * c_prev + (1 - u) * cand)
-
-    gen = torch.Generator().manual_seed(7)
-    t, b, d, n = 19, 3, 4, 6
-    inputs = torch.randn(t, b, d, generator=gen, dtype=torch.float64)
-    reset = torch.zeros(t, b, dtype=torch.bool)
-    reset[0], reset[8, 2] = True, True
-    weights = torch.randn(t, b, n, generator=gen, dtype=torch.float64)
-    cell = make(LeakyGRUish, d, n)
-    expected, _ = bptt_gradients(cell, inputs, reset, weights)
-    got, _, _ = method_gradients(RTRL(), cell, inputs, reset, weights, 5)
-    assert set(got) == {"input_proj.weight", "input_proj.bias", "leak", "mix"}
-    for name in expected:
-        assert rel_err(got[name], expected[name]) <= 1e-10, name
-
-
-class _MixesUnits(ELSTMCell):
-    def recurrence(self, gates, c_prev):
-        return super().recurrence(gates, c_prev.roll(1, dims=-1))
-
-
-class _MixesBatch(ELSTMCell):
-    def recurrence(self, gates, c_prev):
-        return super().recurrence(gates, c_prev - c_prev.mean(0, keepdim=True))
-
-
-class _MatrixParameter(ELSTMCell):
-    def __init__(self, input_size, hidden_size):
-        super().__init__(input_size, hidden_size)
-        self.square = torch.nn.Parameter(torch.zeros(hidden_size, hidden_size))
-
-    def recurrence(self, gates, c_prev):
-        return super().recurrence(gates, c_prev) + c_prev @ self.square
-
-
-class _WrongShapeParameter(ELSTMCell):
-    def __init__(self, input_size, hidden_size):
-        super().__init__(input_size, hidden_size)
-        self.scalar = torch.nn.Parameter(torch.ones(1))
-
-    def recurrence(self, gates, c_prev):
-        return super().recurrence(gates, c_prev) * self.scalar
-
-
-@pytest.mark.parametrize("cls", [FELSTMCell, _MixesUnits, _MixesBatch, _MatrixParameter, _WrongShapeParameter])
-def test_rtrl_refuses_cells_that_mix_units(cls):
-    cell = cls(3, 5)
-    with pytest.raises(NotElementwiseError) as err:
-        RTRL().init_carry(cell, 2)
-    message = str(err.value)
-    assert cls.__name__ in message and "SnAP" in message and "TBPTT" in message
-    with pytest.raises(NotElementwiseError):  # and at unroll, for a carry made elsewhere
-        RTRL().unroll(cell, torch.zeros(2, 2, 3), torch.zeros(2, 2, dtype=torch.bool), TBPTT().init_carry(cell, 2))
-
-
-def test_snap_refuses_mixing_cells_that_are_not_fully_recurrent():
-    with pytest.raises(NotElementwiseError, match="_MixesUnits"):
-        SnAP().init_carry(_MixesUnits(3, 5), 2)
 
 
 def test_snap_n_other_than_one_is_refused():

@@ -4,11 +4,11 @@ claims: RTRL == full BPTT, SnAP-1 == RTRL on element-wise cells, TBPTT == trunca
 from __future__ import annotations
 
 import torch
-from onlinerec.gradients.check import bptt_gradients, method_gradients, reference_states, truncated_gradients
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from onlinerec import RTRL, TBPTT, ELSTMCell, FELSTMCell, QRNNCell, SnAP, SRUCell
+from onlinerec.gradients.check import bptt_gradients, method_gradients, reference_states, stepwise, truncated_gradients
 
 ELEMENTWISE = [ELSTMCell, QRNNCell, SRUCell]
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -44,9 +44,10 @@ def assert_same(got: dict, expected: dict, rtol: float) -> None:
 def test_rtrl_equals_full_bptt_for_any_reset_pattern(problem, carry):
     cell, inputs, reset, weights, seg_len = problem
     expected, _ = bptt_gradients(cell, inputs, reset, weights)
-    got, got_x, _ = method_gradients(RTRL(carry=carry), cell, inputs, reset, weights, seg_len)
+    method = RTRL() if carry == "batched" else stepwise(RTRL())
+    got, got_x, _ = method_gradients(method, cell, inputs, reset, weights, seg_len)
     assert_same(got, expected, 1e-9)
-    # what lies below the cell (inputs, a stem) gets within-segment backprop, as with TBPTT (design §4.1)
+    # what lies below the cell (inputs, a stem) gets within-segment backprop, as with TBPTT
     _, tbptt_x, _ = method_gradients(TBPTT(), cell, inputs, reset, weights, seg_len)
     torch.testing.assert_close(got_x, tbptt_x, rtol=1e-9, atol=1e-12)
 

@@ -273,7 +273,9 @@ def test_atari_full_action_space_and_bad_ids():
 
 
 def test_atari_paper_action_counts():
-    pytest.importorskip("ale_py")  # spec §5.4: the paper's five games with minimal action sets
+    pytest.importorskip(
+        "ale_py"
+    )  # docs/r2ac.md#per-environment-settings: the paper's five games with minimal action sets
     counts = {g: num_actions(f"ALE/{g}-v5") for g in ("Breakout", "Gravitar", "MsPacman", "Qbert", "Seaquest")}
     assert counts == {"Breakout": 4, "Gravitar": 18, "MsPacman": 9, "Qbert": 6, "Seaquest": 18}
 
@@ -484,9 +486,7 @@ def test_dmlab_adapter_with_stand_in(fake_dmlab):
     from onlinerec.rl.envs.dmlab import DMLAB_ACTIONS
 
     n, frames = 2, 10  # episodes of 10 frames: steps of 4, 4, then 2 frames (ends inside the repeat)
-    env = make_vector_env(
-        "dmlab:rooms_watermaze", n, seed=4, vectorization="sync", config={"episodeFrames": frames}
-    )
+    env = make_vector_env("dmlab:rooms_watermaze", n, seed=4, vectorization="sync", config={"episodeFrames": frames})
     assert env.single_action_space.n == 9 and env.single_observation_space.shape == (3, 72, 96)
     assert env.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP and env.metadata["frames_per_step"] == 4
     obs, info = env.reset()

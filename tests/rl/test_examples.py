@@ -81,7 +81,7 @@ def test_memory_example(tmp_path):
 
 def test_example_plumbing_resumes_from_last_checkpoint(tmp_path):
     """The same command run again with a larger budget continues from last.ckpt (in-process, to stay fast)."""
-    from onlinerec.rl.runner import parse_config, run_experiment
+    from onlinerec.rl.runner import parse_experiment, run_experiment
 
     args = [
         *TINY,
@@ -96,8 +96,8 @@ def test_example_plumbing_resumes_from_last_checkpoint(tmp_path):
         "--stem",
         "mlp",
     ]
-    first = run_experiment(parse_config([*args, "--total_frames", "48"]))
-    second = run_experiment(parse_config([*args, "--total_frames", "80"]))
+    first = run_experiment(parse_experiment([*args, "--total_frames", "48"]))
+    second = run_experiment(parse_experiment([*args, "--total_frames", "80"]))
     assert (first["updates"], first["frames"]) == (6, 48)
     assert (second["updates"], second["frames"]) == (10, 80)
     assert len(list(tmp_path.rglob("metrics.csv"))) == 2  # one CSV version per (resumed) run; curves join them
@@ -130,7 +130,7 @@ def test_atari_example(tmp_path):
 def test_procgen_example(tmp_path):
     out = tmp_path / "procgen"
     proc = run(
-        "procgen.py",
+        "train_procgen.py",
         *TINY,
         "--stem",
         "nature",
@@ -157,16 +157,16 @@ def test_dmlab_example_says_how_to_install(tmp_path):
 
 def test_config_yaml_and_overrides(tmp_path):
     from onlinerec.rl.r2ac import R2ACConfig
-    from onlinerec.rl.runner import ExperimentConfig, parse_config
+    from onlinerec.rl.runner import ExperimentConfig, parse_experiment
 
-    cfg = parse_config(
+    cfg = parse_experiment(
         ["--M", "7", "--r2ac.lr", "0.01", "--env_kwargs", '{"length": 9}'], EXAMPLES / "configs" / "atari_breakout.yaml"
     )
     assert isinstance(cfg, ExperimentConfig) and isinstance(cfg.r2ac, R2ACConfig)
     assert cfg.env == "ALE/Breakout-v5" and cfg.M == 7 and cfg.num_envs == 32 and cfg.total_frames == 8e8
     assert cfg.r2ac.lr == 0.01 and cfg.r2ac.grad_clip == 40.0 and cfg.env_kwargs == {"length": 9}
     for path in sorted((EXAMPLES / "configs").glob("*.yaml")):  # every shipped config parses
-        assert parse_config(["--config", str(path)]).total_frames > 0
+        assert parse_experiment(["--config", str(path)]).total_frames > 0
 
 
 def test_learning_curve_plot(tmp_path):

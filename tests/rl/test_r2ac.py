@@ -43,7 +43,8 @@ def test_fit_each_strategy(strategy, cell):
     model = tiny(cell)
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
     tr = trainer(strategy(M=M), 3)
-    tr.fit(model, RolloutDataModule(**ENV))
+    dm = RolloutDataModule(**ENV)
+    tr.fit(model, dm)
     assert math.isfinite(float(tr.callback_metrics["train/loss"]))
     changed = {k for k, p in model.named_parameters() if not torch.equal(before[k], p)}
     assert {"policy.weight", "baseline.weight", "stem.fc.weight"} <= changed
@@ -51,7 +52,7 @@ def test_fit_each_strategy(strategy, cell):
         assert model.cell is None and not any(k.startswith("cell.") for k in before)
     else:
         assert "cell.input_proj.weight" in changed
-    assert model.frames == 3 * M * B
+    assert dm.frames == 3 * M * B == tr.callback_metrics["frames"]
 
 
 def test_custom_cell_instance_and_size_check():
@@ -80,7 +81,9 @@ def test_checkpoint_holds_carry_and_frames_and_resumes(tmp_path):
     assert {"train", "act"} <= set(carries)
     assert set(carries["train"]["sensitivities"]) >= {"input_proj.weight", "input_proj.bias"}
     torch.testing.assert_close(carries["train"]["c"], model._carries["train"].c)
-    assert saved["onlinerec_rl"]["frames"] == 3 * M * B
+    assert (
+        saved["RolloutDataModule"]["frames"] == 3 * M * B
+    )  # the frame counter is checkpointed once, by the data module
 
     from onlinerec.rl.runner import load_stem
 
@@ -94,7 +97,7 @@ def test_checkpoint_holds_carry_and_frames_and_resumes(tmp_path):
     tr2 = trainer(RTRLStrategy(M=M), 5)
     tr2.fit(resumed, dm, ckpt_path=tmp_path / "last.ckpt")
     assert tr2.global_step == 5
-    assert dm.frames == 5 * M * B and resumed.frames == 5 * M * B
+    assert dm.frames == 5 * M * B == tr2.callback_metrics["frames"]
 
 
 def test_greedy_evaluation_counts_episodes():

@@ -1,4 +1,4 @@
-"""V-trace against the direct sum formula of spec §5.1, evaluated by a slow, obviously right loop."""
+"""V-trace against the direct sum formula of docs/r2ac.md#v-trace, evaluated by a slow, obviously right loop."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Copy task: fixed vocabulary (both bits are trained and scored), spec §6 metrics, no NaN without labels."""
+"""Copy task: fixed vocabulary (both bits are trained and scored), the metrics of docs/copy_task.md, no NaN without labels."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 
 from onlinerec import RTRLStrategy
 from onlinerec.data import IGNORE_INDEX, CopyTask, CopyTaskDataModule, DelayedRecall, SequenceSegment
+from onlinerec.data.copy_task import BLANK
 from onlinerec.tasks import (
     CopyTaskModule,
     NoOpAccuracy,
@@ -17,7 +18,6 @@ from onlinerec.tasks import (
     TokenAccuracy,
     masked_cross_entropy,
 )
-from onlinerec.data.copy_task import BLANK
 
 X = IGNORE_INDEX
 
@@ -31,7 +31,9 @@ def test_sequences_follow_spec_and_use_the_fixed_vocabulary():
         n = len(x) - 7
         assert 1 <= n <= 7 and len(y) == len(x)
         assert torch.equal(x[n:], torch.full((7,), BLANK))  # pattern, then T blanks
-        assert torch.equal(y[:n], torch.full((n,), BLANK)) and torch.equal(y[n : 2 * n], x[:n])  # L blanks, then the copy
+        assert torch.equal(y[:n], torch.full((n,), BLANK)) and torch.equal(
+            y[n : 2 * n], x[:n]
+        )  # L blanks, then the copy
         assert (y[2 * n :] == BLANK).all()
         assert set(x.tolist()) <= {0, 1, 2} and set(y.tolist()) <= {0, 1, 2}
         targets_seen |= set(y.tolist())
@@ -103,7 +105,9 @@ def test_no_nan_when_every_label_is_ignored():
         assert metric.compute().item() == 0.0
     # and a model step on a segment without labels (most delayed-recall segments) stays finite
     model = SequenceClassifier(9, 4, hidden_size=6, method="rtrl")
-    seg = SequenceSegment(torch.zeros(3, 2, dtype=torch.long), torch.ones(3, 2, dtype=torch.bool), torch.full((3, 2), X))
+    seg = SequenceSegment(
+        torch.zeros(3, 2, dtype=torch.long), torch.ones(3, 2, dtype=torch.bool), torch.full((3, 2), X)
+    )
     loss = model.segment_loss(model(seg.inputs, seg.reset), seg)["loss"]
     loss.backward()
     assert loss.item() == 0.0 and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

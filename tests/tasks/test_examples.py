@@ -28,20 +28,58 @@ def onlinerec_command() -> list[str]:
 
 def test_copy_task_example_runs(tmp_path):
     proc = run(
-        [sys.executable, str(ROOT / "examples" / "copy_task.py"), "--level", "4", "--max_steps", "6", "--val_every", "3",
-         "--num_streams", "4", "--hidden_size", "8", "--train_size", "20", "--val_size", "8", "--out_dir", str(tmp_path / "out")],
+        [
+            sys.executable,
+            str(ROOT / "examples" / "copy_task.py"),
+            "--data.init_args.level",
+            "4",
+            "--trainer.max_steps",
+            "6",
+            "--trainer.val_check_interval",
+            "3",
+            "--data.init_args.num_streams",
+            "4",
+            "--model.init_args.hidden_size",
+            "8",
+            "--data.init_args.train_size",
+            "20",
+            "--data.init_args.val_size",
+            "8",
+            "--trainer.default_root_dir",
+            str(tmp_path / "out"),
+            "--trainer.enable_progress_bar",
+            "false",
+        ],
         tmp_path,
     )
     assert "after 6 updates" in proc.stdout and "val/print_acc" in proc.stdout
-    assert (tmp_path / "out" / "metrics.csv").exists()
+    assert list((tmp_path / "out").rglob("metrics.csv"))
 
 
 def test_copy_task_yaml_through_the_cli(tmp_path):
     run(
-        [*onlinerec_command(), "fit", "--config", str(ROOT / "examples" / "copy_task.yaml"), "--trainer.max_steps", "3",
-         "--trainer.val_check_interval", "3", "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path),
-         "--data.init_args.level", "4", "--data.init_args.val_size", "6", "--data.init_args.num_streams", "3",
-         "--model.init_args.hidden_size", "8"],
+        [
+            *onlinerec_command(),
+            "fit",
+            "--config",
+            str(ROOT / "examples" / "copy_task.yaml"),
+            "--trainer.max_steps",
+            "3",
+            "--trainer.val_check_interval",
+            "3",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--data.init_args.level",
+            "4",
+            "--data.init_args.val_size",
+            "6",
+            "--data.init_args.num_streams",
+            "3",
+            "--model.init_args.hidden_size",
+            "8",
+        ],
         tmp_path,
     )
     assert list(tmp_path.glob("**/metrics.csv")) or list(tmp_path.glob("**/config.yaml"))

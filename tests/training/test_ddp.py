@@ -25,9 +25,17 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 if __name__ == "__main__":  # run as a script by the launcher tests below: make `tests` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from onlinerec.training.callbacks import NonFiniteError
-from onlinerec import ELSTMCell, FELSTMCell, OnlineRecurrentModule, QRNNCell, RTRLStrategy, Segment, SnAPStrategy, TBPTTStrategy
+from onlinerec import (
+    ELSTMCell,
+    FELSTMCell,
+    QRNNCell,
+    RTRLStrategy,
+    Segment,
+    SnAPStrategy,
+    TBPTTStrategy,
+)
 from onlinerec.data.stream import SegmentStream
+from onlinerec.training.callbacks import NonFiniteError
 from tests.helpers import Regressor
 
 HERE = Path(__file__).resolve()
@@ -116,7 +124,10 @@ def script_main(out: Path, launcher: str) -> None:
     for method in CASES:
         trainer, model, grads = fit(method, devices)
         rank = trainer.global_rank
-        torch.save({"grads": grads, "params": model.state_dict(), "carry": carry_of(model)}, out / f"grads_{method}_rank{rank}.pt")
+        torch.save(
+            {"grads": grads, "params": model.state_dict(), "carry": carry_of(model)},
+            out / f"grads_{method}_rank{rank}.pt",
+        )
         results[method] = trainer.world_size
 
     # resume under DDP: 5 steps straight == 2 steps, checkpoint, then 3 more from the checkpoint
@@ -128,7 +139,12 @@ def script_main(out: Path, launcher: str) -> None:
     trainer, resumed, _ = fit(method, devices, max_steps=STEPS, ckpt_path=ckdir / "epoch=0-step=2.ckpt")
     rank = trainer.global_rank
     torch.save(
-        {"straight": straight.state_dict(), "resumed": resumed.state_dict(), "straight_carry": carry_of(straight), "resumed_carry": carry_of(resumed)},
+        {
+            "straight": straight.state_dict(),
+            "resumed": resumed.state_dict(),
+            "straight_carry": carry_of(straight),
+            "resumed_carry": carry_of(resumed),
+        },
         out / f"resume_rank{rank}.pt",
     )
 
@@ -138,7 +154,13 @@ def script_main(out: Path, launcher: str) -> None:
     nandir = out / "nan_ckpts"
     torch.manual_seed(0)
     model = NaNOnRank1(CASES["rtrl"][1](D, 5))
-    trainer = make_trainer("rtrl", devices, STEPS, [ModelCheckpoint(dirpath=nandir, every_n_train_steps=1, save_top_k=-1)], enable_checkpointing=True)
+    trainer = make_trainer(
+        "rtrl",
+        devices,
+        STEPS,
+        [ModelCheckpoint(dirpath=nandir, every_n_train_steps=1, save_top_k=-1)],
+        enable_checkpointing=True,
+    )
     try:
         trainer.fit(model, ShardedStreams())
         message = "no error"
@@ -146,7 +168,9 @@ def script_main(out: Path, launcher: str) -> None:
         message = str(err)
     rank = trainer.global_rank
     finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-    (out / f"nan_rank{rank}.json").write_text(json.dumps({"message": message, "finite": finite, "global_step": trainer.global_step}))
+    (out / f"nan_rank{rank}.json").write_text(
+        json.dumps({"message": message, "finite": finite, "global_step": trainer.global_step})
+    )
     if rank == 0:
         (out / "done.json").write_text(json.dumps({"world_size": results, "launcher": launcher}))
 
@@ -163,25 +187,34 @@ def r2ac_main(out: Path, devices: int) -> None:
         model = R2AC(2, (4,), cell="elstm", hidden_size=8, stem="mlp", fc_size=8)
         dm = RolloutDataModule("memory:tmaze", num_envs=R2AC_ENVS, env_kwargs=dict(length=3))
         trainer = L.Trainer(
-            strategy=RTRLStrategy(M=M), accelerator="cpu", devices=devices, max_steps=steps, logger=False,
-            enable_checkpointing=bool(callbacks), callbacks=list(callbacks), enable_progress_bar=False, enable_model_summary=False,
+            strategy=RTRLStrategy(M=M),
+            accelerator="cpu",
+            devices=devices,
+            max_steps=steps,
+            logger=False,
+            enable_checkpointing=bool(callbacks),
+            callbacks=list(callbacks),
+            enable_progress_bar=False,
+            enable_model_summary=False,
         )
         trainer.fit(model, dm, ckpt_path=ckpt_path)
         return trainer, model, dm
 
     ckdir = out / "r2ac_ckpts"
-    trainer, model, dm = run(R2AC_STEPS, callbacks=[ModelCheckpoint(dirpath=ckdir, every_n_train_steps=R2AC_STEPS, save_top_k=-1)])
+    trainer, model, dm = run(
+        R2AC_STEPS, callbacks=[ModelCheckpoint(dirpath=ckdir, every_n_train_steps=R2AC_STEPS, save_top_k=-1)]
+    )
     rank = trainer.global_rank
     result = {
         "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
         "carry_c": model._carries["train"].c.clone(),
         "act_c": model._carries["act"].c.clone(),
         "loss": float(trainer.callback_metrics["train/loss"]),
-        "frames": model.frames,
+        "frames": float(trainer.callback_metrics["frames"]),  # logged by the RolloutMonitor: every rank's frames
         "dm_frames": dm.frames,
     }
     trainer2, model2, dm2 = run(R2AC_STEPS + 2, ckpt_path=ckdir / f"epoch=0-step={R2AC_STEPS}.ckpt")
-    result.update(resumed_step=trainer2.global_step, resumed_frames=model2.frames, resumed_dm_frames=dm2.frames)
+    result.update(resumed_step=trainer2.global_step, resumed_dm_frames=dm2.frames)
     torch.save(result, out / f"r2ac_rank{rank}.pt")
 
 
@@ -200,11 +233,22 @@ def launch(out: Path, launcher: str = "lightning", timeout: float = 300) -> subp
     for var in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK"):
         env.pop(var, None)
     if launcher == "torchrun":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(HERE), str(out), launcher]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(HERE),
+            str(out),
+            launcher,
+        ]
     else:
         cmd = [sys.executable, str(HERE), str(out), launcher]
     # its own process group, so that a hung run is ended with every rank it started
-    proc = subprocess.Popen(cmd, env=env, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -212,7 +256,9 @@ def launch(out: Path, launcher: str = "lightning", timeout: float = 300) -> subp
         stdout, stderr = proc.communicate()
         raise AssertionError(f"DDP script timed out after {timeout} s.\nstderr:\n{stderr[-8000:]}") from None
     if proc.returncode != 0 or not (out / "done.json").exists():
-        raise AssertionError(f"DDP script failed (rc {proc.returncode}).\nstdout:\n{stdout[-4000:]}\nstderr:\n{stderr[-8000:]}")
+        raise AssertionError(
+            f"DDP script failed (rc {proc.returncode}).\nstdout:\n{stdout[-4000:]}\nstderr:\n{stderr[-8000:]}"
+        )
     return proc
 
 
@@ -303,12 +349,14 @@ def test_ddp_r2ac_trains_on_two_processes_and_resumes(ddp_run):
     checkpoint holding both ranks' carried state (train and act streams)."""
     res = [torch.load(ddp_run / f"r2ac_rank{r}.pt", weights_only=True) for r in (0, 1)]
     for name, value in res[0]["params"].items():
-        torch.testing.assert_close(res[1]["params"][name], value, rtol=0, atol=0, msg=name)  # DDP kept the replicas equal
+        torch.testing.assert_close(
+            res[1]["params"][name], value, rtol=0, atol=0, msg=name
+        )  # DDP kept the replicas equal
     assert not torch.equal(res[0]["carry_c"], res[1]["carry_c"])  # each rank carried the state of its own envs
     for r in res:
         assert torch.isfinite(torch.tensor(r["loss"]))
         per_rank = R2AC_STEPS * M * R2AC_ENVS
-        assert r["dm_frames"] == per_rank and r["frames"] == 2 * per_rank  # the module counts frames of all ranks
+        assert r["dm_frames"] == per_rank and r["frames"] == 2 * per_rank  # the logged count covers all ranks
         assert r["resumed_step"] == R2AC_STEPS + 2 and r["resumed_dm_frames"] == (R2AC_STEPS + 2) * M * R2AC_ENVS
     saved = torch.load(ddp_run / "r2ac_ckpts" / f"epoch=0-step={R2AC_STEPS}.ckpt", weights_only=True)
     assert saved["onlinerec"]["world_size"] == 2

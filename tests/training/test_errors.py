@@ -14,15 +14,14 @@ from onlinerec import (
     ELSTMCell,
     FELSTMCell,
     NotElementwiseError,
-    OnlineRecurrentModule,
     RTRLStrategy,
     Segment,
     SnAP,
     SnAPStrategy,
     TBPTTStrategy,
 )
-from onlinerec.training.stream_order import StreamOrderError
 from onlinerec.data.stream import SegmentStream
+from onlinerec.training.stream_order import StreamOrderError
 from tests.helpers import Regressor
 
 M = 3
@@ -64,7 +63,11 @@ def test_wrong_input_size_dtype_and_reset_name_the_fix(method):
         ((torch.zeros(2, 3), ok_r), ValueError, r"time-major tensor \(M, B, D\).*Stack steps along dim 0"),
         ((ok_x, torch.zeros(4, 2)), TypeError, r"reset must be a bool tensor.*reset.bool\(\)"),
         ((ok_x, torch.zeros(4, 2, dtype=torch.long)), TypeError, r"bool"),
-        ((ok_x, torch.zeros(4, 3, dtype=torch.bool)), ValueError, r"reset has shape \(4, 3\) but inputs need \(M, B\) = \(4, 2\)"),
+        (
+            (ok_x, torch.zeros(4, 3, dtype=torch.bool)),
+            ValueError,
+            r"reset has shape \(4, 3\) but inputs need \(M, B\) = \(4, 2\)",
+        ),
         ((ok_x, torch.zeros(2, dtype=torch.bool)), ValueError, r"reset has shape"),
         ((torch.zeros(0, 2, 3), torch.zeros(0, 2, dtype=torch.bool)), ValueError, r"M >= 1"),
         ((torch.zeros(4, 5, 3), torch.zeros(4, 5, dtype=torch.bool)), ValueError, r"init_carry\(cell, 5\)"),
@@ -76,8 +79,15 @@ def test_wrong_input_size_dtype_and_reset_name_the_fix(method):
 
 def test_segment_refuses_a_non_bool_or_misshaped_reset():
     x = torch.zeros(M, 2, 1)
-    for reset in (torch.zeros(M, 2), torch.zeros(M, 3, dtype=torch.bool), torch.zeros(M, dtype=torch.bool), [[False] * 2] * M):
-        with pytest.raises(ValueError, match=r"Segment.reset must be a bool tensor of shape \(M, B\) = \(3, 2\).*dtype=torch.bool"):
+    for reset in (
+        torch.zeros(M, 2),
+        torch.zeros(M, 3, dtype=torch.bool),
+        torch.zeros(M, dtype=torch.bool),
+        [[False] * 2] * M,
+    ):
+        with pytest.raises(
+            ValueError, match=r"Segment.reset must be a bool tensor of shape \(M, B\) = \(3, 2\).*dtype=torch.bool"
+        ):
             Segment(x, reset)
     with pytest.raises(ValueError, match=r"targets must start with \(M, B\)"):
         Segment(x, torch.zeros(M, 2, dtype=torch.bool), torch.zeros(M, 4))
@@ -105,7 +115,9 @@ def test_changing_the_number_of_streams_mid_run_is_refused():
 @pytest.mark.parametrize("cls", [RTRLStrategy, TBPTTStrategy, SnAPStrategy])
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "4", None])
 def test_segment_length_below_one_or_not_an_int_is_refused(cls, bad):
-    with pytest.raises(ValueError, match=r"M \(steps between weight updates\) must be an int >= 1.*M = 1 is fully online"):
+    with pytest.raises(
+        ValueError, match=r"M \(steps between weight updates\) must be an int >= 1.*M = 1 is fully online"
+    ):
         cls(M=bad)
 
 
@@ -135,7 +147,9 @@ def test_module_outside_a_trainer_says_how_to_pick_a_method():
 # -- data that shuffles or interleaves streams ------------------------------------------------------------------------
 def test_a_shuffling_dataloader_is_refused():
     segments = [seg(reset_first=i == 0) for i in range(6)]
-    with pytest.raises(StreamOrderError, match=r"random order \(RandomSampler, e.g. from shuffle=True\).*carries each stream's state"):
+    with pytest.raises(
+        StreamOrderError, match=r"random order \(RandomSampler, e.g. from shuffle=True\).*carries each stream's state"
+    ):
         fit(DataLoader(segments, batch_size=None, shuffle=True))
     t = fit(DataLoader(segments, batch_size=None, shuffle=False))  # the same data in order is fine
     # and Lightning put no (shuffling) DistributedSampler into it, although the onlinerec strategies are DDPStrategies
@@ -174,7 +188,9 @@ def test_sequence_segments_whose_streams_are_reordered_are_refused():
     in_order = [make([0, 1], True), make([0, 1], False), make([2, 1], torch.tensor([True, False]))]
     fit(DataLoader(in_order, batch_size=None), steps=3)
     swapped = [make([0, 1], True), make([1, 0], False)]  # the two streams swapped slots
-    with pytest.raises(StreamOrderError, match=r"stream slot 0 held sequence 0 .* continues with sequence 1 without a reset"):
+    with pytest.raises(
+        StreamOrderError, match=r"stream slot 0 held sequence 0 .* continues with sequence 1 without a reset"
+    ):
         fit(DataLoader(swapped, batch_size=None), steps=2)
 
 
@@ -196,4 +212,8 @@ def test_num_actions_not_matching_the_env_is_refused():
     rl = pytest.importorskip("onlinerec.rl")
     model = rl.R2AC(5, (4,), cell="elstm", hidden_size=8, stem="mlp", fc_size=8)  # memory:tmaze has 2 actions
     with pytest.raises(ValueError, match=r"num_actions.*5.*2"):
-        fit(rl.RolloutDataModule("memory:tmaze", num_envs=2, env_kwargs=dict(length=3)), model=model, strategy=RTRLStrategy(M=M))
+        fit(
+            rl.RolloutDataModule("memory:tmaze", num_envs=2, env_kwargs=dict(length=3)),
+            model=model,
+            strategy=RTRLStrategy(M=M),
+        )

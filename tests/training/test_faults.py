@@ -16,10 +16,10 @@ import torch
 from gymnasium.vector import AutoresetMode
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from onlinerec import ELSTMCell, OnlineRecurrentModule, RTRLStrategy, Segment
-from onlinerec.training.callbacks import FiniteGuard, NonFiniteError
+from onlinerec import RTRLStrategy, Segment
 from onlinerec.data.stream import SegmentStream
 from onlinerec.rl.envs.resilient import ResilientVectorEnv
+from onlinerec.training.callbacks import FiniteGuard, NonFiniteError
 from tests.helpers import Regressor
 
 M = 4
@@ -117,7 +117,9 @@ class FlakyEnv(gymnasium.Env):
 
     metadata: dict = {}
 
-    def __init__(self, tag: int, fail: str | None = None, fail_at: int = 3, marker: str | None = None, always: bool = False):
+    def __init__(
+        self, tag: int, fail: str | None = None, fail_at: int = 3, marker: str | None = None, always: bool = False
+    ):
         self.tag, self.fail, self.fail_at, self.marker, self.always = tag, fail, fail_at, marker, always
         self.observation_space = gymnasium.spaces.Box(-1e6, 1e6, shape=(2,), dtype=np.float32)
         self.action_space = gymnasium.spaces.Discrete(2)
@@ -186,7 +188,9 @@ def test_fault_env_that_always_fails_is_given_up_with_a_clear_error(tmp_path):
     env = make_env(tmp_path, "raise", always=True, fail_at=1, max_restarts=2)  # fails at every episode's first step
     try:
         env.reset(seed=0)
-        with pytest.raises(RuntimeError, match=r"env worker 1 failed 3 times in a row .*simulated env crash.*max_restarts"):
+        with pytest.raises(
+            RuntimeError, match=r"env worker 1 failed 3 times in a row .*simulated env crash.*max_restarts"
+        ):
             for _ in range(20):
                 env.step(np.zeros(3, dtype=np.int64))
     finally:
@@ -204,7 +208,9 @@ def test_fault_restarted_stream_drops_its_episode_and_restarts_its_statistics(tm
         ends = []
         for _ in range(9):
             _, _, _, trunc, info = env.step(np.zeros(3, dtype=np.int64))
-            ends.append((info["episode_end"].tolist(), info["episode_return"].tolist(), info["episode_length"].tolist()))
+            ends.append(
+                (info["episode_end"].tolist(), info["episode_return"].tolist(), info["episode_length"].tolist())
+            )
         assert trunc.tolist() == [False, False, False]
         assert ends[2] == ([False, False, False], [0.0, 0.0, 0.0], [0, 0, 0])  # stream 1 crashed at step 3
         assert ends[5] == ([True, False, True], [6.0, 0.0, 6.0], [6, 0, 6])
@@ -214,8 +220,8 @@ def test_fault_restarted_stream_drops_its_episode_and_restarts_its_statistics(tm
 
 
 def test_fault_resilient_vectorization_from_the_env_factory():
-    from onlinerec.rl.envs.resilient import ResilientVectorEnv
     from onlinerec.rl.envs import make_vector_env
+    from onlinerec.rl.envs.resilient import ResilientVectorEnv
 
     env = make_vector_env("gymnasium:CartPole-v1", 2, seed=3, vectorization="resilient")
     try:
@@ -250,8 +256,15 @@ def test_fault_r2ac_keeps_training_through_an_env_worker_crash(tmp_path, caplog)
     torch.manual_seed(0)
     model = rl.R2AC(2, (2,), cell="elstm", hidden_size=8, stem="mlp", fc_size=8)
     trainer = L.Trainer(
-        strategy=RTRLStrategy(M=M), accelerator="cpu", devices=1, max_steps=4, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[Record()],
+        strategy=RTRLStrategy(M=M),
+        accelerator="cpu",
+        devices=1,
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Record()],
     )
     with caplog.at_level(logging.WARNING, logger="onlinerec.rl.envs.resilient"):
         trainer.fit(model, rl.RolloutDataModule(factory, num_envs=3))

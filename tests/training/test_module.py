@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import lightning as L
 import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from onlinerec import (
     STRATEGIES,
-    ELSTMCell,
     FELSTMCell,
     NotElementwiseError,
     OnlineRecurrentModule,
@@ -20,8 +18,8 @@ from onlinerec import (
     SnAPStrategy,
     TBPTTStrategy,
 )
-from onlinerec.gradients import RTRL, SnAP, TBPTT
-from tests.helpers import Regressor
+from onlinerec.gradients import RTRL, TBPTT, SnAP
+from tests.helpers import Regressor, quiet_trainer
 
 
 class RandomStreams(IterableDataset):
@@ -39,12 +37,12 @@ class RandomStreams(IterableDataset):
             yield Segment(x, reset, x.cumsum(0)[..., :1])
 
 
-def trainer(strategy, **kwargs) -> L.Trainer:
-    defaults = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
-    return L.Trainer(strategy=strategy, **{**defaults, **kwargs})
+trainer = quiet_trainer
 
 
-@pytest.mark.parametrize("strategy", [RTRLStrategy(M=4), TBPTTStrategy(M=4), SnAPStrategy(M=4), "rtrl", "tbptt", "snap"], ids=str)
+@pytest.mark.parametrize(
+    "strategy", [RTRLStrategy(M=4), TBPTTStrategy(M=4), SnAPStrategy(M=4), "rtrl", "tbptt", "snap"], ids=str
+)
 def test_fast_dev_run_changes_parameters(strategy):
     torch.manual_seed(0)
     model = Regressor()
@@ -195,7 +193,7 @@ def test_feed_forward_module_trains_without_a_cell():
 
     model = FeedForward()
     before = model.net.weight.clone()
-    trainer("tbptt", fast_dev_run=2).fit(model, DataLoader(RandomStreams(4), batch_size=None))
+    trainer(TBPTTStrategy(M=4), fast_dev_run=2).fit(model, DataLoader(RandomStreams(4), batch_size=None))
     assert not torch.equal(before, model.net.weight) and model.carry() is None
 
 

@@ -9,7 +9,7 @@ Contract (what the learner may rely on, whatever the backend)
 - **Observations**: pixel envs give ``uint8`` channels-first images: Atari ``(4, 84, 84)`` (4 stacked gray
   frames), ProcGen ``(3, 64, 64)`` RGB, DMLab ``(3, 72, 96)`` RGB. Non-pixel memory tasks give small vectors or
   grids: the T-maze and MiniGrid ``uint8``, POPGym ``float32`` (see each family below).
-- **Autoreset = SAME_STEP** (torchbeast semantics, spec §2.4), ``metadata["autoreset_mode"] ==
+- **Autoreset = SAME_STEP** (torchbeast semantics; docs/r2ac.md#episode-resets-and-autoreset), ``metadata["autoreset_mode"] ==
   AutoresetMode.SAME_STEP``: when an episode ends at a step, that step returns the *first* observation of the
   next episode, ``terminated | truncated`` is True for that stream, and the reward is the old episode's last
   reward. So the learner flags "reset before the next step" exactly where ``terminated | truncated``.
@@ -91,7 +91,9 @@ class EnvFamily:
 
 
 FAMILIES: dict[str, EnvFamily] = {
-    "atari": EnvFamily("atari", "ALE/<Game>-v5", "onlinerec.rl.envs.atari", "make_atari", "pip install 'onlinerec[atari]'"),
+    "atari": EnvFamily(
+        "atari", "ALE/<Game>-v5", "onlinerec.rl.envs.atari", "make_atari", "pip install 'onlinerec[atari]'"
+    ),
     "procgen": EnvFamily(
         "procgen", "procgen:<game>", "onlinerec.rl.envs.procgen", "make_procgen", "pip install 'onlinerec[procgen]'"
     ),

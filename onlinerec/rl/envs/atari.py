@@ -1,6 +1,6 @@
 """Atari through ale-py's native C++ vector env (``ale_py.vector_env.AtariVectorEnv``).
 
-The paper's preprocessing (spec §8.3) is built into that env, so nothing is re-implemented here:
+The paper's preprocessing (docs/r2ac.md#atari) is built into that env, so nothing is re-implemented here:
 ``ALE/<Game>-v5`` ROM with sticky actions 0 (``repeat_action_probability=0``), up to 30 no-ops on reset,
 frame skip 4 with a max-pool over the last two frames (rewards summed), 84×84 grayscale, a stack of 4 frames,
 fire on reset for games with FIRE, the minimal action set (``full_action_space=True`` for all 18).

@@ -1,4 +1,4 @@
-"""DeepMind Lab through the ``deepmind_lab`` Python module, following the paper's wrapper (spec §8.1).
+"""DeepMind Lab through the ``deepmind_lab`` Python module, following the paper's wrapper (docs/r2ac.md#dmlab).
 
 ``dmlab:<level>`` loads ``contributed/dmlab30/<level>`` (a name containing ``/`` is used as given), e.g.
 ``dmlab:rooms_watermaze``, ``dmlab:rooms_select_nonmatching_object``, ``dmlab:rooms_keys_doors_puzzle``.
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import gymnasium
+import numpy as np
 from gymnasium import spaces
 
 from onlinerec.rl.envs.base import MissingBackendError

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import numpy as np
 import gymnasium
+import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 

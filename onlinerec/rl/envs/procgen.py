@@ -86,7 +86,9 @@ def _import_shadowed_procgen(shadow):
     path = [p for p in sys.path if os.path.abspath(p or os.curdir) != where]
     spec = importlib.machinery.PathFinder.find_spec("procgen", path)
     if spec is None or spec.loader is None:
-        raise MissingBackendError(f"`import procgen` found {getattr(shadow, '__file__', shadow)!r}, not ProcGen. {INSTALL_HINT}")
+        raise MissingBackendError(
+            f"`import procgen` found {getattr(shadow, '__file__', shadow)!r}, not ProcGen. {INSTALL_HINT}"
+        )
     module = importlib.util.module_from_spec(spec)
     sys.modules["procgen"] = module
     try:

@@ -14,6 +14,7 @@ env has no per-env workers to restart.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import time
@@ -71,10 +72,8 @@ def _worker(conn, env_fn: CloudpickleWrapper) -> None:
             pass
     finally:
         if env is not None:
-            try:
+            with contextlib.suppress(Exception):  # a worker that is going away anyway
                 env.close()
-            except Exception:  # noqa: BLE001
-                pass
         conn.close()
 
 
@@ -192,7 +191,10 @@ class ResilientVectorEnv(VectorEnv):
             self.events.append(event)
             log.warning(
                 "env worker %d %s at vector step %d; restarted it (restart #%d), its stream is flagged reset.",
-                i, reason, self._steps, self.restart_counts[i],
+                i,
+                reason,
+                self._steps,
+                self.restart_counts[i],
             )
             if self.max_restarts is not None and self._failures_in_a_row[i] > self.max_restarts:
                 self._kill(i)
@@ -218,7 +220,9 @@ class ResilientVectorEnv(VectorEnv):
         else:
             seeds = list(seed)
         if options is not None and "reset_mask" in options:
-            raise NotImplementedError("ResilientVectorEnv.reset(options={'reset_mask': ...}) is not supported; reset all streams.")
+            raise NotImplementedError(
+                "ResilientVectorEnv.reset(options={'reset_mask': ...}) is not supported; reset all streams."
+            )
         failed: dict[int, str] = {}
         for i in range(self.num_envs):
             try:
@@ -247,7 +251,9 @@ class ResilientVectorEnv(VectorEnv):
     def step(self, actions):
         actions = np.asarray(actions)
         if actions.shape[:1] != (self.num_envs,):
-            raise ValueError(f"actions must have one entry per stream, shape ({self.num_envs}, ...); got {actions.shape}.")
+            raise ValueError(
+                f"actions must have one entry per stream, shape ({self.num_envs}, ...); got {actions.shape}."
+            )
         self._steps += 1
         failed: dict[int, str] = {}
         for i in range(self.num_envs):
@@ -300,7 +306,5 @@ class ResilientVectorEnv(VectorEnv):
             self._kill(i)
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown: modules may already be gone
             self.close()
-        except Exception:  # noqa: BLE001
-            pass

@@ -1,0 +1,226 @@
+"""The time loop of an element-wise cell as one autograd node, differentiated through its diagonal Jacobians.
+
+Forward runs c_t = recurrence(gates_t, keep_t * c_{t-1}) without recording a graph, then linearises all M steps
+in one batched call (RTRL's carry needs these local derivatives anyway). Backward is the adjoint recursion
+lambda_{t-1} = e_{t-1} + jh_t * lambda_t, one fused multiply-add per step, and reads every input gradient off
+lambda. The cell check established that the Jacobians are diagonal, so this is exactly backprop through the
+recurrence, without M steps of autograd graph (derivation: docs/rtrl.md).
+
+What backward keeps alive for M > 1, in state-sized tensors per step (TBPTT's graph keeps 4 for the eLSTM):
+
+- cells whose per-unit parameters are diagonal recurrent weights on gates (eLSTM, SRU, and any cell without
+  per-unit parameters, see :func:`~onlinerec.gradients.derivatives.gate_weight_map`): jh, dc/dgates and c_prev
+  (G + 2), since dc/dp = dc/dgates * c_prev is rebuilt cheaply;
+- other cells: the gates and c_prev (G + 1), and backward recomputes the derivatives chunk by chunk.
+
+Backward cannot itself be differentiated (no double backward); ``retain_graph=True`` works.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from onlinerec.cells.base import ElementwiseCell
+from onlinerec.gradients.derivatives import gate_weight_map, local_derivatives
+
+CHUNK_MIN_ELEMENTS = 1 << 13
+"""Backward handles the steps in up to 4 chunks (last first) once M*B*G*N reaches this, to bound temporaries."""
+
+
+@dataclass
+class Linearization:
+    """Detached local derivatives of T consecutive steps of a recurrence.
+
+    Attributes:
+        jh: (T, B, N) the diagonal of dc_t/dc_{t-1} times keep_t (zero where a reset cuts the stream).
+        d_gates: (T, B, G, N) dc_t/dgates_t.
+        d_params: per-unit parameter name -> dc_t/dp (T, B, K, N), the parameter viewed as (K, N).
+        c_prev: (T, B, N) the previous states after the reset mask, where a caller needs them (a dense weight
+            on the state multiplies them), else None.
+    """
+
+    jh: Tensor
+    d_gates: Tensor
+    d_params: dict[str, Tensor]
+    c_prev: Tensor | None = None
+
+    def __getitem__(self, steps: slice) -> Linearization:
+        return Linearization(
+            self.jh[steps],
+            self.d_gates[steps],
+            {k: v[steps] for k, v in self.d_params.items()},
+            None if self.c_prev is None else self.c_prev[steps],
+        )
+
+    def param_grad(self, name: str, lam: Tensor) -> Tensor:
+        """sum_{t,b} lam * dc/dp over these steps, (K, N), for adjoints lam (T, B, N)."""
+        return (self.d_params[name] * lam.unsqueeze(-2)).sum((0, 1))
+
+    def cast_(self, dtype: torch.dtype) -> None:
+        """Convert every tensor to ``dtype`` in place of the old ones (no copy where it already matches)."""
+        self.jh, self.d_gates = self.jh.to(dtype), self.d_gates.to(dtype)
+        self.d_params = {k: v.to(dtype) for k, v in self.d_params.items()}
+        self.c_prev = None if self.c_prev is None else self.c_prev.to(dtype)
+
+    def release(self) -> tuple[Tensor, Tensor, dict[str, Tensor], Tensor | None]:
+        """The tensors, handed over: this object lets go of them, so a consumer can free each one once used."""
+        out = (self.jh, self.d_gates, self.d_params, self.c_prev)
+        self.jh = self.d_gates = self.c_prev = None  # type: ignore[assignment]
+        self.d_params = {}
+        return out
+
+
+@dataclass
+class _GateWeightSteps:
+    """Backward's view of a cell whose per-unit parameters are diagonal recurrent weights on gates: dc/dp is
+    rebuilt from dc/dgates and c_prev instead of being kept (``rows``: the gate of each parameter row)."""
+
+    jh: Tensor
+    d_gates: Tensor
+    c_prev: Tensor
+    rows: dict[str, tuple[int, ...]]
+
+    def __getitem__(self, steps: slice) -> _GateWeightSteps:
+        return replace(self, jh=self.jh[steps], d_gates=self.d_gates[steps], c_prev=self.c_prev[steps])
+
+    def param_grad(self, name: str, lam: Tensor) -> Tensor:
+        lc = lam * self.c_prev
+        return torch.stack([(self.d_gates[:, :, g] * lc).sum((0, 1)) for g in self.rows[name]])
+
+
+class _Linearizer:
+    """``cell.recurrence`` linearised at given points, for the steps t0, t0 + 1, ... of one segment."""
+
+    def __init__(self, cell: ElementwiseCell, names: tuple[str, ...], params: dict[str, Tensor], keep: Tensor) -> None:
+        self.cell, self.names = cell, names
+        self.mask = keep.unsqueeze(-1)
+        self.gate_rows = gate_weight_map(cell, "recurrence")
+        # the values in use now, in case the parameters change in place before a recomputing backward
+        self.unit = {} if self.gate_rows is not None else {k: params[k].detach().clone() for k in names}
+
+    def __call__(self, gates: Tensor, c_prev: Tensor, t0: int = 0) -> tuple[Linearization, Tensor | None]:
+        """Derivatives of steps t0.. from their gates (T, B, G, N) and c_prev (T, B, N); also the new states
+        (T*B, N) where the derivative pass yields them for free, else None."""
+        t, b, g, n = gates.shape
+        local = local_derivatives(
+            self.cell, "recurrence", self.unit, gates.reshape(t * b, g, n), c_prev.reshape(t * b, n)
+        )
+        jh = local.d_state.reshape(t, b, n) * self.mask[t0 : t0 + t]
+        d_gates = local.d_gates.reshape(t, b, g, n)
+        if self.gate_rows is not None:
+            d_params = {k: _gate_weight_derivative(d_gates, c_prev, self.gate_rows[k]) for k in self.names}
+        else:
+            d_params = {k: local.d_params[k].reshape(t, b, -1, n) for k in self.names}
+        return Linearization(jh, d_gates, d_params), local.value
+
+
+@dataclass
+class _Recomputed:
+    """Backward's view of any other cell: it keeps the gates and c_prev and linearises again, chunk by chunk."""
+
+    linearize: _Linearizer
+    gates: Tensor
+    c_prev: Tensor
+
+    def __getitem__(self, steps: slice) -> Linearization:
+        return self.linearize(self.gates[steps], self.c_prev[steps], steps.start)[0]
+
+
+def _gate_weight_derivative(d_gates: Tensor, c_prev: Tensor, rows: tuple[int, ...]) -> Tensor:
+    """dc/dp for a diagonal recurrent weight on gates (see :func:`gate_weight_map`): (T, B, K, N)."""
+    if rows == tuple(range(d_gates.shape[2])):
+        sel = d_gates
+    elif len(rows) == 1:
+        sel = d_gates[:, :, rows[0] : rows[0] + 1]
+    else:
+        sel = d_gates[:, :, list(rows)]
+    return sel * c_prev.unsqueeze(2)
+
+
+def _run(linearize: _Linearizer, gates: Tensor, c0: Tensor):
+    """Forward without a graph: the states (M, B, N), the linearisation of all steps, and what backward keeps."""
+    m, b, _, n = gates.shape
+    cell, mask = linearize.cell, linearize.mask
+    if m == 1:  # one batched derivative pass also gives the new state (when it takes the one-pass path)
+        c_prev = (c0 * mask[0]).unsqueeze(0)
+        lin, value = linearize(gates, c_prev)
+        states = (value if value is not None else cell.recurrence(gates[0], c_prev[0])).reshape(1, b, n)
+        return states, lin, lin
+    c, steps = c0, []
+    c_prev = torch.empty(m, b, n, dtype=c0.dtype, device=c0.device)
+    for t in range(m):
+        torch.mul(c, mask[t], out=c_prev[t])
+        c = cell.recurrence(gates[t], c_prev[t])
+        steps.append(c)
+    lin, _ = linearize(gates, c_prev)
+    if linearize.gate_rows is not None:
+        saved = _GateWeightSteps(lin.jh, lin.d_gates, c_prev, {k: linearize.gate_rows[k] for k in linearize.names})
+    else:
+        saved = _Recomputed(linearize, gates.detach(), c_prev)
+    return torch.stack(steps), lin, saved
+
+
+class _DiagonalScan(torch.autograd.Function):
+    """States (differentiable) and, as non-differentiable extra outputs, jh, dc/dgates and each dc/dp."""
+
+    @staticmethod
+    def forward(ctx, linearize: _Linearizer, gates: Tensor, c0: Tensor, *unit_params: Tensor):
+        states, lin, ctx.saved = _run(linearize, gates, c0)
+        ctx.names, ctx.gates_shape = linearize.names, gates.shape
+        ctx.param_shapes = [p.shape for p in unit_params]
+        derivatives = (lin.jh, lin.d_gates, *(lin.d_params[k] for k in linearize.names))
+        ctx.mark_non_differentiable(*derivatives)
+        ctx.set_materialize_grads(False)  # no zero-filled gradients for the derivative outputs
+        return states, *derivatives
+
+    @staticmethod
+    def backward(ctx, grad: Tensor | None, *_):
+        needs = ctx.needs_input_grad  # (linearize, gates, c0, *unit_params)
+        if grad is None:
+            return (None,) * len(needs)
+        lam = grad.contiguous().clone()  # the adjoints, built in place from the last step back
+        m = lam.shape[0]
+        size = -(-m // 4) if lam.numel() * ctx.gates_shape[2] >= CHUNK_MIN_ELEMENTS else m
+        g_gates = torch.empty(ctx.gates_shape, dtype=lam.dtype, device=lam.device) if needs[1] else None
+        g_c0, g_params = None, [None] * len(ctx.names)
+        for t0 in reversed(range(0, m, size)):
+            t1 = min(t0 + size, m)
+            d = ctx.saved[t0:t1]
+            part = lam[t0:t1]
+            for t in range(t1 - t0 - 1, 0, -1):
+                part[t - 1].addcmul_(d.jh[t], part[t])
+            if t0 > 0:
+                lam[t0 - 1].addcmul_(d.jh[0], part[0])
+            if g_gates is not None:
+                torch.mul(part.unsqueeze(-2), d.d_gates, out=g_gates[t0:t1])
+            for i, name in enumerate(ctx.names):
+                if needs[3 + i]:
+                    acc = d.param_grad(name, part)
+                    g_params[i] = acc if g_params[i] is None else g_params[i].add_(acc)
+            if t0 == 0 and needs[2]:
+                g_c0 = d.jh[0] * part[0]
+            del d  # a recomputed chunk's derivatives are freed before the next chunk is built
+        g_params = [None if g is None else g.reshape(shape) for g, shape in zip(g_params, ctx.param_shapes)]
+        return (None, g_gates, g_c0, *g_params)
+
+
+def diagonal_scan(
+    cell: ElementwiseCell, names: tuple[str, ...], params: dict[str, Tensor], gates: Tensor, c0: Tensor, keep: Tensor
+) -> tuple[Tensor, Linearization]:
+    """Run an element-wise cell over a segment: c_t = recurrence(gates_t, keep_t * c_{t-1}) from c0.
+
+    Args:
+        names: the per-unit parameters that ``cell.recurrence`` reads (checked element-wise beforehand).
+        params: name -> tensor for at least ``names``; gradients flow to these tensors.
+        gates: (M, B, G, N) pre-activations; c0 (B, N); keep (M, B), 0 where a reset precedes the step.
+
+    Returns:
+        The states (M, B, N), differentiable with respect to gates, c0 and ``params[names]``, and the detached
+        linearisation of all M steps (no ``c_prev``).
+    """
+    linearize = _Linearizer(cell, names, params, keep)
+    states, jh, d_gates, *d_params = _DiagonalScan.apply(linearize, gates, c0, *[params[k] for k in names])
+    return states, Linearization(jh, d_gates, dict(zip(names, d_params)))
