@@ -1,10 +1,14 @@
-"""R2AC on DeepMind Lab memory levels (docs/r2ac.md#per-environment-settings): rooms_watermaze, rooms_select_nonmatching_object.
+"""R2AC on DeepMind Lab memory levels (docs/r2ac.md#per-environment-settings): rooms_watermaze and
+rooms_select_nonmatching_object.
 
     python examples/dmlab.py --level rooms_watermaze --M 50
     python examples/dmlab.py --level rooms_select_nonmatching_object --M 10 --method tbptt
     python examples/dmlab.py --level rooms_watermaze --stem_checkpoint pretrained.ckpt --freeze_stem true
 
-Paper settings: N = 512, B = 32, action repeat 4, 9 actions, 96x72 RGB; the vision stem (conv + fc) comes from one
+This script's own option:
+  --level NAME  rooms_watermaze (default) or rooms_select_nonmatching_object (the paper's configs in examples/configs/)
+
+Every other option is `onlinerec rl`'s (below). Paper settings: N = 512, B = 32, action repeat 4, 9 actions, 96x72 RGB; the vision stem (conv + fc) comes from one
 TBPTT model pre-trained on the task and is frozen (``--stem_checkpoint``, ``--freeze_stem``). Budgets: 30 M steps
 (select_nonmatching) / 100 M steps (watermaze) after pre-training. Final test: greedy episodes (3 x 100 in [P]).
 
@@ -33,4 +37,4 @@ if __name__ == "__main__":
         sys.exit(2)
     from onlinerec.rl.runner import main
 
-    sys.exit(main(rest, CONFIGS / f"dmlab_{known.level}.yaml", description=__doc__))
+    sys.exit(main(rest, CONFIGS / f"dmlab_{known.level}.yaml", description=__doc__, prog="examples/dmlab.py"))

@@ -20,4 +20,5 @@ from pathlib import Path
 from onlinerec.rl.runner import main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:], Path(__file__).resolve().parent / "configs" / "memory_tmaze.yaml", description=__doc__))
+    config = Path(__file__).resolve().parent / "configs" / "memory_tmaze.yaml"
+    sys.exit(main(sys.argv[1:], config, description=__doc__, prog="examples/memory.py"))

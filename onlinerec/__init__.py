@@ -11,12 +11,29 @@ from onlinerec.cells import (
     ELSTMCell,
     FELSTMCell,
     FullyRecurrentCell,
+    GRUCell,
+    IndRNNCell,
+    LRUCell,
+    LSTMCell,
+    MinGRUCell,
+    MinLSTMCell,
     QRNNCell,
     SRUCell,
+    Stack,
     make_cell,
 )
 from onlinerec.data import Segment, SegmentStream
-from onlinerec.gradients import METHODS, RTRL, TBPTT, Carry, GradientMethod, NotElementwiseError, SnAP, check_gradients
+from onlinerec.gradients import (
+    METHODS,
+    RTRL,
+    TBPTT,
+    Carry,
+    GradientMethod,
+    NotElementwiseError,
+    SnAP,
+    StackCarry,
+    check_gradients,
+)
 from onlinerec.registry import Registry
 from onlinerec.training import (
     STRATEGIES,
@@ -47,6 +64,12 @@ __all__ = [
     "FELSTMCell",
     "FiniteGuard",
     "FullyRecurrentCell",
+    "GRUCell",
+    "IndRNNCell",
+    "LRUCell",
+    "LSTMCell",
+    "MinGRUCell",
+    "MinLSTMCell",
     "GradientMethod",
     "NonFiniteError",
     "NotElementwiseError",
@@ -60,6 +83,8 @@ __all__ = [
     "SegmentStream",
     "SnAP",
     "SnAPStrategy",
+    "Stack",
+    "StackCarry",
     "StreamOrderError",
     "TBPTTStrategy",
     "check_gradients",

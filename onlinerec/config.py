@@ -8,6 +8,7 @@ Lightning's LightningCLI; both are jsonargparse, so ``--config file.yaml``, dott
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import sys
 import typing
@@ -40,13 +41,17 @@ def parse_config(
         presets: ``{bool field: {field: value}}``: when the bool field is true, these values become the defaults
             (options given explicitly still win), e.g. ``{"quick": {...}}`` for a smoke-test mode.
     """
-    from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+    from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter, set_parsing_settings
+
+    class KeepLineBreaks(argparse.RawDescriptionHelpFormatter, DefaultHelpFormatter):
+        """jsonargparse's help, with the description's own line breaks (usage examples stay one per line)."""
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
     parser = ArgumentParser(
         prog=prog,
         description=description,
         default_config_files=[str(default_config)] if default_config else None,
+        formatter_class=KeepLineBreaks,
     )
     parser.add_argument("--config", action=ActionConfigFile, help="A YAML file with any of the options below.")
     parser.add_class_arguments(cls, as_group=False)

@@ -20,13 +20,19 @@ class ElementwiseCell(nn.Module, ABC):
     feed-forward output ``h_t = readout(c_t, x_t)``.
 
     Subclasses set the class attribute :attr:`num_gates`, call ``super().__init__(input_size, hidden_size)``,
-    create their per-unit parameters (shape ``(N,)`` or ``(K, N)``) and implement :meth:`recurrence`
+    create their per-unit parameters (shape ``(N,)`` or ``(P, N)``) and implement :meth:`recurrence`
     with element-wise operations only. They never write a derivative: the gradient methods obtain
     every derivative RTRL needs from :meth:`recurrence` by automatic differentiation.
+
+    A unit may hold several numbers (:attr:`num_components` K > 1, e.g. the real and imaginary part of a complex
+    state): its state is then (..., K, N) and its Jacobian a K x K block per unit (docs/rtrl.md#multi-component-units).
     """
 
     num_gates: ClassVar[int] = 1
     """G: how many gate pre-activations per hidden unit the input projection produces."""
+    num_components: ClassVar[int] = 1
+    """K: how many numbers each hidden unit holds. K = 1: the state is (..., N). K > 1: it is (..., K, N), and
+    unit n may mix its own K components (``c_prev[..., :, n]``) but read no other unit."""
     window: ClassVar[int] = 1
     """How many consecutive inputs the projection reads (QRNN's width-2 filter: 2). Earlier inputs are
     feed-forward state, carried across segments but never differentiated through time."""
@@ -42,27 +48,35 @@ class ElementwiseCell(nn.Module, ABC):
 
     @property
     def output_size(self) -> int:
-        """Width of :meth:`readout`'s output (N unless a subclass says otherwise)."""
-        return self.hidden_size
+        """Width of :meth:`readout`'s output (N, or K*N for the default readout of K > 1 components, unless a subclass
+        says otherwise)."""
+        return self.hidden_size * self.num_components
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        """Shape of one stream's state: (N,) for K = 1, (K, N) for K > 1."""
+        k = self.num_components
+        return (self.hidden_size,) if k == 1 else (k, self.hidden_size)
 
     @abstractmethod
     def recurrence(self, gates: Tensor, c_prev: Tensor) -> Tensor:
-        """One step of the state: gates (..., G, N) and c_prev (..., N) -> c (..., N).
+        """One step of the state: gates (..., G, N) and c_prev (..., N) -> c (..., N); with K > 1 components,
+        c_prev and c are (..., K, N).
 
-        Must be element-wise: unit n of the result may read only ``gates[..., :, n]``, ``c_prev[..., n]``
-        and column n of per-unit parameters. Leading dimensions are independent rows.
+        Must be element-wise: unit n of the result may read only ``gates[..., :, n]``, ``c_prev[..., n]`` (K > 1:
+        ``c_prev[..., :, n]``) and column n of per-unit parameters. Leading dimensions are independent rows.
         """
 
     def readout(self, c: Tensor, x: Tensor) -> Tensor:
-        """Feed-forward output from the new state c (..., N) and the step's input x (..., D).
+        """Feed-forward output from the new state c (..., N), or (..., K, N), and the step's input x (..., D).
 
-        Not differentiated through time; the default returns c. Works on any leading dimensions, so
-        the framework applies it to a whole segment (M, B, ...) at once.
+        Not differentiated through time; the default returns c (K > 1: its K components side by side, (..., K*N)).
+        Works on any leading dimensions, so the framework applies it to a whole segment (M, B, ...) at once.
         """
-        return c
+        return c if self.num_components == 1 else c.flatten(-2)
 
     def forward(self, u: Tensor, c_prev: Tensor) -> Tensor:
-        """One pure step: window features u (B, window*D) and c_prev (B, N) -> c (B, N)."""
+        """One pure step: window features u (B, window*D) and c_prev (B, N) -> c (B, N) (K > 1: (B, K, N))."""
         gates = self.input_proj(u).unflatten(-1, (self.num_gates, self.hidden_size))
         return self.recurrence(gates, c_prev)
 
@@ -73,23 +87,50 @@ class ElementwiseCell(nn.Module, ABC):
 class FullyRecurrentCell(ElementwiseCell):
     """A cell whose gates also read the whole previous state through a dense matrix R.
 
-    ``recurrence(gates, c_prev) = pointwise(gates + R c_prev, c_prev)`` with ``R = recurrent_proj``
-    (``nn.Linear(N, G*N, bias=False)``). The Jacobian dc_t/dc_{t-1} is dense, so exact RTRL would cost
-    O(N^4) per step and :class:`~onlinerec.gradients.RTRL` refuses such cells; SnAP-1 and TBPTT train them.
-    Subclasses implement :meth:`pointwise`, which must be element-wise.
+    ``recurrence(gates, c_prev) = combine(gates, R r(c_prev) + b_R, c_prev)`` with ``R = recurrent_proj``
+    (``nn.Linear(N, G*N)``, with the bias b_R only if :attr:`recurrent_bias`) and r(c_prev) =
+    :meth:`recurrent_input` (c_prev itself for K = 1; one component of each unit for K > 1, e.g. the LSTM's h).
+    By default ``combine(gates, mixed, c_prev) = pointwise(gates + mixed, c_prev)``: subclasses implement
+    :meth:`pointwise`, or override :meth:`combine` when the recurrent projection enters otherwise (the GRU's
+    ``r * (U_n h + b_n)``). Both must be element-wise per unit.
+
+    The Jacobian dc_t/dc_{t-1} is dense, so exact RTRL would cost O(N^4) per step and
+    :class:`~onlinerec.gradients.RTRL` refuses such cells; SnAP-1 and TBPTT train them.
     """
+
+    recurrent_bias: ClassVar[bool] = False
+    """Whether ``recurrent_proj`` has a bias of its own (PyTorch's LSTM and GRU have b_hh besides b_ih)."""
+    recurrent_component: ClassVar[int] = -1
+    """K > 1: the component of each unit that R reads (the LSTM's h: the last, -1)."""
 
     def __init__(self, input_size: int, hidden_size: int) -> None:
         super().__init__(input_size, hidden_size)
-        self.recurrent_proj = nn.Linear(hidden_size, self.num_gates * hidden_size, bias=False)
+        self.recurrent_proj = nn.Linear(hidden_size, self.num_gates * hidden_size, bias=self.recurrent_bias)
 
-    @abstractmethod
+    def recurrent_input(self, c_prev: Tensor) -> Tensor:
+        """What R multiplies: c_prev (..., N) for K = 1, its component :attr:`recurrent_component` for K > 1."""
+        return c_prev if self.num_components == 1 else c_prev[..., self.recurrent_component, :]
+
     def pointwise(self, pre_gates: Tensor, c_prev: Tensor) -> Tensor:
-        """Element-wise part: full pre-activations (..., G, N) and c_prev (..., N) -> c (..., N)."""
+        """Element-wise part: full pre-activations (..., G, N) and c_prev -> c (used by the default :meth:`combine`)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement pointwise(pre_gates, c_prev) or combine(gates, mixed, c_prev)."
+        )
+
+    def combine(self, gates: Tensor, mixed: Tensor, c_prev: Tensor) -> Tensor:
+        """Element-wise part from the input gates (..., G, N), the recurrent projection ``mixed`` (..., G, N) and
+        c_prev. Default: ``pointwise(gates + mixed, c_prev)``."""
+        return self.pointwise(gates + mixed, c_prev)
+
+    def joint_pointwise(self, both: Tensor, c_prev: Tensor) -> Tensor:
+        """:meth:`combine` with its two projections stacked along the gate axis, ``both`` (..., 2G, N): the form whose
+        local derivatives SnAP-1 takes when :meth:`combine` is overridden."""
+        g = self.num_gates
+        return self.combine(both[..., :g, :], both[..., g:, :], c_prev)
 
     def recurrence(self, gates: Tensor, c_prev: Tensor) -> Tensor:
-        mixed = self.recurrent_proj(c_prev).unflatten(-1, (self.num_gates, self.hidden_size))
-        return self.pointwise(gates + mixed, c_prev)
+        mixed = self.recurrent_proj(self.recurrent_input(c_prev)).unflatten(-1, (self.num_gates, self.hidden_size))
+        return self.combine(gates, mixed, c_prev)
 
 
 def normal_(tensor: Tensor, std: float) -> Tensor:

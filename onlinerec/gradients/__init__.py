@@ -5,7 +5,7 @@ derived from :data:`METHODS`.
 """
 
 from onlinerec.gradients.base import GradientMethod
-from onlinerec.gradients.carry import Carry
+from onlinerec.gradients.carry import Carry, StackCarry, load_carry
 from onlinerec.gradients.check import check_gradients
 from onlinerec.gradients.derivatives import NotElementwiseError
 from onlinerec.gradients.rtrl import RTRL
@@ -28,5 +28,7 @@ __all__ = [
     "NotElementwiseError",
     "SensitivityMethod",
     "SnAP",
+    "StackCarry",
     "check_gradients",
+    "load_carry",
 ]

@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from onlinerec.cells.base import ElementwiseCell
-from onlinerec.gradients.carry import Carry
+from onlinerec.cells.stack import Stack
+from onlinerec.gradients.carry import Carry, StackCarry
 
 
 class GradientMethod(ABC):
@@ -19,16 +20,22 @@ class GradientMethod(ABC):
     ``states, carry = unroll(cell, inputs, reset, carry)`` and ``loss(states).backward()`` leaves the
     method's gradient in every cell parameter's ``.grad``. Nothing else is called in between.
     ``reset[t, b]`` zeroes stream b's state (and sensitivities) *before* step t.
+
+    A :class:`~onlinerec.cells.Stack` is unrolled layer by layer over the segment, each layer by this method with its
+    own carry (a :class:`StackCarry`); ``unroll`` then returns the stack's output instead of states.
     """
 
     name: ClassVar[str]
 
     def check_cell(self, cell: ElementwiseCell) -> None:
-        """Raise a clear error if this method cannot train ``cell``."""
+        """Raise a clear error if this method cannot train ``cell`` (for a stack: any of its layers)."""
         if not isinstance(cell, ElementwiseCell):
             raise TypeError(
                 f"{type(self).__name__} trains onlinerec cells (ElementwiseCell subclasses), got {type(cell).__name__}."
             )
+        if isinstance(cell, Stack):
+            for layer in cell.layers:
+                self.check_cell(layer)
 
     def init_carry(
         self,
@@ -37,18 +44,21 @@ class GradientMethod(ABC):
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
-    ) -> Carry:
-        """Zero state for ``batch_size`` streams, on the cell's device and dtype unless given."""
+    ) -> Carry | StackCarry:
+        """Zero state for ``batch_size`` streams, on the cell's device and dtype unless given (a :class:`StackCarry`
+        with one carry per layer for a :class:`~onlinerec.cells.Stack`)."""
         self.check_cell(cell)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+        if isinstance(cell, Stack):
+            return StackCarry([self.init_carry(layer, batch_size, device=device, dtype=dtype) for layer in cell.layers])
         ref = cell.input_proj.weight
         device = ref.device if device is None else device
         dtype = ref.dtype if dtype is None else dtype
         window = None
         if cell.window > 1:
             window = torch.zeros(batch_size, (cell.window - 1) * cell.input_size, device=device, dtype=dtype)
-        c = torch.zeros(batch_size, cell.hidden_size, device=device, dtype=dtype)
+        c = torch.zeros(batch_size, *cell.state_shape, device=device, dtype=dtype)
         return Carry(c=c, window=window, sensitivities=self._zero_sensitivities(cell, batch_size, device, dtype))
 
     def _zero_sensitivities(self, cell: ElementwiseCell, batch_size: int, device, dtype) -> dict[str, Tensor]:
@@ -58,9 +68,44 @@ class GradientMethod(ABC):
         """Names of the cell parameters whose sensitivities this method carries (none for TBPTT)."""
         return ()
 
-    def unroll(self, cell: ElementwiseCell, inputs: Tensor, reset: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
-        """Run M steps. inputs (M, B, D) float, reset (M, B) bool -> states (M, B, N) and the new carry."""
+    def adapt_carry(self, cell: ElementwiseCell, carry: Carry | StackCarry) -> tuple[Carry | StackCarry, bool]:
+        """A carry for this method from one made by another (resuming with a new strategy): the state and input
+        window are kept, the sensitivities this method needs are kept or, if missing, start at zero. Returns the carry
+        and whether any sensitivity restarted from zero (the gradient then truncates once)."""
+        if isinstance(cell, Stack):
+            if not isinstance(carry, StackCarry) or len(carry.layers) != cell.num_layers:
+                raise ValueError(_stack_carry_mismatch(cell, carry))
+            adapted = [self.adapt_carry(layer, c) for layer, c in zip(cell.layers, carry.layers)]
+            return StackCarry([c for c, _ in adapted]), any(restarted for _, restarted in adapted)
+        if isinstance(carry, StackCarry):
+            raise ValueError(_stack_carry_mismatch(cell, carry))
+        needed = self.sensitivity_names(cell)
+        if carry.sensitivities.keys() == set(needed):
+            return carry, False
+        if set(needed) <= carry.sensitivities.keys():
+            return Carry(carry.c, carry.window, {k: carry.sensitivities[k] for k in needed}), False
+        fresh = self.init_carry(cell, carry.batch_size, device=carry.c.device, dtype=carry.c.dtype)
+        return Carry(carry.c, carry.window, fresh.sensitivities), True
+
+    def unroll(
+        self, cell: ElementwiseCell, inputs: Tensor, reset: Tensor, carry: Carry | StackCarry
+    ) -> tuple[Tensor, Carry | StackCarry]:
+        """Run M steps. inputs (M, B, D) float, reset (M, B) bool -> states (M, B, N) ((M, B, K, N) for units of
+        K > 1 components; the stack's output (M, B, output_size) for a :class:`~onlinerec.cells.Stack`) and the new
+        carry."""
         self.check_cell(cell)
+        if isinstance(cell, Stack):
+            if not isinstance(carry, StackCarry) or len(carry.layers) != cell.num_layers:
+                raise ValueError(_stack_carry_mismatch(cell, carry))
+            if isinstance(inputs, Tensor) and inputs.dim() == 3 and inputs.shape[-1] != cell.input_size:
+                raise ValueError(
+                    f"inputs have D = {inputs.shape[-1]} features but the Stack's first layer was built with "
+                    f"input_size = {cell.input_size}."
+                )
+            out, layers = cell.unroll_layers(lambda layer, x, c: self.unroll(layer, x, reset, c), inputs, carry.layers)
+            return out, StackCarry(layers)
+        if isinstance(carry, StackCarry):
+            raise ValueError(_stack_carry_mismatch(cell, carry))
         validate_segment(cell, inputs, reset, carry)
         return self._unroll(cell, inputs, reset, carry)
 
@@ -103,6 +148,17 @@ def validate_segment(cell: ElementwiseCell, inputs: Tensor, reset: Tensor, carry
         raise ValueError(
             f"the carry holds {carry.batch_size} streams but inputs have B = {b}; make a new one with init_carry(cell, {b})."
         )
+    if tuple(carry.c.shape[1:]) != cell.state_shape:
+        raise ValueError(
+            f"the carry's state has shape {tuple(carry.c.shape[1:])} per stream but {type(cell).__name__}'s is "
+            f"{cell.state_shape}; make the carry with init_carry(cell, {b})."
+        )
+
+
+def _stack_carry_mismatch(cell: ElementwiseCell, carry: object) -> str:
+    what = f"a carry of {len(carry.layers)} layers" if isinstance(carry, StackCarry) else "a single cell's carry"
+    want = f"a Stack of {cell.num_layers} layers" if isinstance(cell, Stack) else f"a single {type(cell).__name__}"
+    return f"got {what} for {want}; make the carry with init_carry for this cell."
 
 
 def window_features(
@@ -136,10 +192,12 @@ def window_features(
 
 
 def autograd_scan(cell: ElementwiseCell, gates: Tensor, c0: Tensor, keep: Tensor) -> Tensor:
-    """The time loop, recorded by autograd: c_t = recurrence(gates_t, keep_t * c_{t-1}). gates (M, B, G, N) -> states (M, B, N)."""
+    """The time loop, recorded by autograd: c_t = recurrence(gates_t, keep_t * c_{t-1}). gates (M, B, G, N) -> states
+    (M, B, N), or (M, B, K, N) for units of K > 1 components."""
     c, states = c0, []
+    mask = keep.unsqueeze(-1) if c0.dim() == 2 else keep.reshape(*keep.shape, *([1] * (c0.dim() - 1)))
     for t in range(gates.shape[0]):
-        c = cell.recurrence(gates[t], c * keep[t].unsqueeze(-1))
+        c = cell.recurrence(gates[t], c * mask[t])
         states.append(c)
     return torch.stack(states)
 

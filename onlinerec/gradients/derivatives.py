@@ -2,8 +2,11 @@
 
 For an element-wise recurrence c = r(gates, c_prev; p), unit n of c reads only unit n of its inputs, so:
 - one reverse-mode pass with a cotangent of ones yields dc/dc_prev (the diagonal Jacobian) and dc/dgates;
-- one forward-mode pass per row k of a per-unit parameter p viewed as (K, N) yields dc/dp[k] per batch row.
+- one forward-mode pass per row k of a per-unit parameter p viewed as (P, N) yields dc/dp[k] per batch row.
 :func:`check_elementwise` verifies that premise numerically before any of this is trusted.
+
+Units of K > 1 components (state (R, K, N)) take K reverse passes instead of one, with the cotangent of ones on one
+component at a time: pass j yields row j of each unit's K x K Jacobian block, dc_j/dgates and dc_j/dp.
 
 Fast path: when the recurrence broadcasts a per-unit parameter against its row dimension (every built-in
 cell does), calling it with one copy of the parameter per row, shape (R, *p.shape), makes the same reverse
@@ -42,11 +45,14 @@ class _Bound(nn.Module):
 
 @dataclass
 class LocalDerivatives:
-    """Derivatives of one element-wise update, for R rows (R = M*B when time is folded into the batch)."""
+    """Derivatives of one element-wise update, for R rows (R = M*B when time is folded into the batch).
+
+    Shapes for K = 1; with K > 1 components per unit each gains a leading component axis k of the output (dc_k) after
+    R, and d_state is the per-unit block (R, K, K, N): d_state[r, k, j, n] = dc_{k,n}/dc_prev_{j,n}."""
 
     d_state: Tensor  # (R, N): dc_n/dc_prev_n
     d_gates: Tensor  # (R, G, N): dc_n/dgates_{g,n}
-    d_params: dict[str, Tensor]  # name -> (R, K, N): dc_n/dp_{k,n}
+    d_params: dict[str, Tensor]  # name -> (R, P, N): dc_n/dp_{k,n}
     value: Tensor | None = None  # (R, N): the new state itself (the fast path returns it for free)
 
 
@@ -61,10 +67,27 @@ def local_derivatives(
     parameters (name -> tensor, any shape ending in N) to differentiate. Inputs are treated as constants.
 
     Uses the one-pass reverse-mode path when :func:`recurrence_parameters` has validated it for this cell
-    and method, and forward mode otherwise."""
-    if c_prev.dim() == 2 and _FAST.get(cell, {}).get(method, False):
+    and method, and forward mode otherwise. c_prev is (R, N), or (R, K, N) for units of K > 1 components."""
+    if c_prev.dim() in (2, 3) and _FAST.get(cell, {}).get(method, False):
         return _reverse_per_row(cell, method, params, gates, c_prev)
     return _forward_mode(cell, method, params, gates, c_prev)
+
+
+def _component_grads(out: Tensor, inputs: tuple[Tensor, ...]) -> list[Tensor]:
+    """For a state (R, K, N): the gradient of each component's sum with respect to each input, stacked along a new
+    axis 1, i.e. (R, K, *input.shape[1:]) per input (K reverse passes; zeros where an input is unused)."""
+    k = out.shape[1]
+    rows = []
+    for j in range(k):
+        cotangent = torch.zeros_like(out)
+        cotangent[:, j] = 1
+        if out.requires_grad:
+            rows.append(torch.autograd.grad(out, inputs, cotangent, retain_graph=j < k - 1, allow_unused=True))
+        else:
+            rows.append([None] * len(inputs))
+    return [
+        torch.stack([torch.zeros_like(x) if r[i] is None else r[i] for r in rows], dim=1) for i, x in enumerate(inputs)
+    ]
 
 
 def _owner(cell: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -98,7 +121,10 @@ def substituted(cell: nn.Module, values: dict[str, Tensor]):
 def _reverse_per_row(
     cell: nn.Module, method: str, params: dict[str, Tensor], gates: Tensor, c_prev: Tensor
 ) -> LocalDerivatives:
-    """One forward and one backward pass: rows (R, G, N) gates, (R, N) c_prev, parameters copied per row."""
+    """One forward and one backward pass: rows (R, G, N) gates, (R, N) c_prev, parameters copied per row.
+    (K backward passes for c_prev (R, K, N).)"""
+    if c_prev.dim() == 3:
+        return _reverse_per_row_blocks(cell, method, params, gates, c_prev)
     r, n = c_prev.shape
     with torch.enable_grad():
         g = gates.detach().requires_grad_(True)
@@ -121,10 +147,31 @@ def _reverse_per_row(
     return LocalDerivatives(d_state, d_gates, d_params, out.detach())
 
 
+def _reverse_per_row_blocks(
+    cell: nn.Module, method: str, params: dict[str, Tensor], gates: Tensor, c_prev: Tensor
+) -> LocalDerivatives:
+    """:func:`_reverse_per_row` for units of K > 1 components: one forward pass, K backward passes."""
+    r, k, n = c_prev.shape
+    with torch.enable_grad():
+        g = gates.detach().requires_grad_(True)
+        c = c_prev.detach().requires_grad_(True)
+        rows = {name: v.detach().expand(r, *v.shape).requires_grad_(True) for name, v in params.items()}
+        with substituted(cell, rows):
+            out = getattr(cell, method)(g, c)
+        if out.shape != c_prev.shape:
+            raise ValueError(
+                f"{type(cell).__name__}.{method} returned shape {tuple(out.shape)} for c_prev of shape {tuple(c_prev.shape)}."
+            )
+        d_gates, d_state, *d_rows = _component_grads(out, (g, c, *rows.values()))
+    d_params = {name: d.reshape(r, k, -1, n) for name, d in zip(rows, d_rows)}
+    return LocalDerivatives(d_state, d_gates, d_params, out.detach())
+
+
 def _forward_mode(
     cell: nn.Module, method: str, params: dict[str, Tensor], gates: Tensor, c_prev: Tensor
 ) -> LocalDerivatives:
-    """The general path: reverse mode for state and gates, one forward-mode pass per parameter row."""
+    """The general path: reverse mode for state and gates (K passes for K > 1 components), one forward-mode pass per
+    parameter row."""
     bound = _Bound(cell, method)
     n = c_prev.shape[-1]
     params = {k: v.detach() for k, v in params.items()}
@@ -132,7 +179,10 @@ def _forward_mode(
         g = gates.detach().requires_grad_(True)
         c = c_prev.detach().requires_grad_(True)
         out = functional_call(bound, {f"cell.{k}": v for k, v in params.items()}, (g, c))
-        d_gates, d_state = torch.autograd.grad(out, (g, c), torch.ones_like(out), allow_unused=True)
+        if c_prev.dim() == 3 and out.shape == c_prev.shape:
+            d_gates, d_state = _component_grads(out, (g, c))
+        else:
+            d_gates, d_state = torch.autograd.grad(out, (g, c), torch.ones_like(out), allow_unused=True)
     d_gates = torch.zeros_like(gates) if d_gates is None else d_gates
     d_state = torch.zeros_like(c_prev) if d_state is None else d_state
 
@@ -146,7 +196,7 @@ def _forward_mode(
             call = lambda q: functional_call(bound, {f"cell.{name}": q}, (g0, c0))  # noqa: E731
             return jvp(call, (p,), (t,))[1]
 
-        d_params[name] = vmap(along)(tangents).movedim(0, -2)  # (R, K, N)
+        d_params[name] = vmap(along)(tangents).movedim(0, -2)  # (R, P, N), or (R, K, P, N)
     return LocalDerivatives(d_state, d_gates, d_params)
 
 
@@ -158,7 +208,8 @@ _GATE_WEIGHTS: weakref.WeakKeyDictionary[nn.Module, dict[str, dict[str, tuple[in
 
 
 def gate_weight_map(cell: nn.Module, method: str) -> dict[str, tuple[int, ...]] | None:
-    """For a checked cell: if every per-unit parameter p of ``cell.<method>`` is a diagonal recurrent weight
+    """For a checked cell of one component per unit: if every per-unit parameter p of ``cell.<method>`` is a diagonal
+    recurrent weight
     on gates, i.e. dc/dp[k] = dc/dgates[g_k] * c_prev for each row k (the eLSTM's w_z, w_f, the SRU's v_f:
     ``gates[g] + p[k] * c_prev``), the gate index g_k of each row, by parameter name; otherwise None.
 
@@ -168,10 +219,11 @@ def gate_weight_map(cell: nn.Module, method: str) -> dict[str, tuple[int, ...]] 
 
 
 def recurrence_parameters(
-    cell: nn.Module, method: str, exclude: tuple[str, ...], num_gates: int, n: int
+    cell: nn.Module, method: str, exclude: tuple[str, ...], num_gates: int, n: int, components: int = 1
 ) -> tuple[str, ...]:
     """Names of the parameters that ``cell.<method>`` reads, after checking (once per cell) that the
-    method is element-wise in its state, its gates and each of those parameters.
+    method is element-wise in its state, its gates and each of those parameters (per unit of ``components``
+    numbers: a unit may mix its own components).
 
     Raises:
         NotElementwiseError: naming the cell class and what mixes units.
@@ -179,11 +231,18 @@ def recurrence_parameters(
     cache = _CHECKED.setdefault(cell, {})
     if method in cache:
         return cache[method]
-    names = check_elementwise(cell, method, exclude, num_gates, n)
-    _FAST.setdefault(cell, {})[method] = _per_row_matches(cell, method, names, num_gates, n)
-    _GATE_WEIGHTS.setdefault(cell, {})[method] = _find_gate_weights(cell, method, names, num_gates, n)
+    names = check_elementwise(cell, method, exclude, num_gates, n, components)
+    _FAST.setdefault(cell, {})[method] = _per_row_matches(cell, method, names, num_gates, n, components)
+    _GATE_WEIGHTS.setdefault(cell, {})[method] = (
+        _find_gate_weights(cell, method, names, num_gates, n) if components == 1 else None
+    )
     cache[method] = names
     return names
+
+
+def _state(rows: int, n: int, components: int, gen: torch.Generator) -> Tensor:
+    shape = (rows, n) if components == 1 else (rows, components, n)
+    return torch.randn(shape, generator=gen, dtype=torch.float64)
 
 
 def _find_gate_weights(
@@ -216,7 +275,9 @@ def _find_gate_weights(
     return out
 
 
-def _per_row_matches(cell: nn.Module, method: str, names: tuple[str, ...], num_gates: int, n: int) -> bool:
+def _per_row_matches(
+    cell: nn.Module, method: str, names: tuple[str, ...], num_gates: int, n: int, components: int = 1
+) -> bool:
     """Whether the one-pass path gives the forward-mode derivatives for this cell (float64 probe).
 
     The probe uses a row count that equals no other dimension, so a parameter copy whose row dimension
@@ -228,10 +289,10 @@ def _per_row_matches(cell: nn.Module, method: str, names: tuple[str, ...], num_g
             p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
     params = dict(probe.named_parameters())
     params = {k: params[k] for k in names}
-    taken = {1, num_gates, n} | {p.numel() // n for p in params.values()}
+    taken = {1, num_gates, n, components} | {p.numel() // n for p in params.values()}
     r = next(k for k in range(3, 10**6) if k not in taken)
     gates = torch.randn(r, num_gates, n, generator=gen, dtype=torch.float64)
-    c_prev = torch.randn(r, n, generator=gen, dtype=torch.float64)
+    c_prev = _state(r, n, components, gen)
     try:
         fast = _reverse_per_row(probe, method, params, gates, c_prev)
     except Exception:  # noqa: BLE001 - any failure just means "use the general path"
@@ -249,11 +310,12 @@ def _per_row_matches(cell: nn.Module, method: str, names: tuple[str, ...], num_g
 
 
 def check_elementwise(
-    cell: nn.Module, method: str, exclude: tuple[str, ...], num_gates: int, n: int
+    cell: nn.Module, method: str, exclude: tuple[str, ...], num_gates: int, n: int, components: int = 1
 ) -> tuple[str, ...]:
     """Probe ``cell.<method>`` at a random float64 point: for an element-wise map, a Jacobian-vector
-    product with a random tangent equals the diagonal derivative times that tangent. Any map that mixes
-    units or batch rows fails this with probability one."""
+    product with a random tangent equals the diagonal derivative times that tangent (with K = ``components`` > 1,
+    each unit's K x K block times the tangent's K components of that unit). Any map that mixes units or batch rows
+    fails this with probability one."""
     cls = type(cell).__name__
     probe = copy.deepcopy(cell).double()
     bound = _Bound(probe, method)
@@ -262,7 +324,7 @@ def check_elementwise(
         for p in probe.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
     gates = torch.randn(3, num_gates, n, generator=gen, dtype=torch.float64)
-    c_prev = torch.randn(3, n, generator=gen, dtype=torch.float64)
+    c_prev = _state(3, n, components, gen)
     candidates = {k: p for k, p in probe.named_parameters() if not k.startswith(exclude)}
     with torch.enable_grad():
         out = bound(gates.requires_grad_(True), c_prev)  # a gradient path even if no parameter is read
@@ -287,17 +349,21 @@ def check_elementwise(
         if not torch.allclose(actual, expected, rtol=1e-9, atol=1e-9 * (1 + expected.abs().max().item())):
             raise NotElementwiseError(
                 f"{cls}.{method} is not element-wise in {what}: unit n of the new state depends on other hidden "
-                "units (or other batch rows). Exact RTRL needs a diagonal recurrent Jacobian; for a cell like this "
+                "units (or other batch rows). Exact RTRL needs a diagonal recurrent Jacobian (one K x K block per unit "
+                "for units of K components); for a cell like this "
                 "use SnAPStrategy (a diagonal approximation, for FullyRecurrentCell subclasses) or TBPTTStrategy."
             )
 
     frozen = {f"cell.{k}": v.detach() for k, v in params.items()}
     v = torch.randn(c_prev.shape, generator=gen, dtype=torch.float64)
     call_c = lambda c: functional_call(bound, frozen, (gates, c))  # noqa: E731
-    mismatch("its previous state c_prev", local.d_state * v, jvp(call_c, (c_prev,), (v,))[1])
+    blocks = components > 1  # d_state (R, K, K, N), d_gates (R, K, G, N): contract the input axis
+    expected_c = (local.d_state * v.unsqueeze(1)).sum(2) if blocks else local.d_state * v
+    mismatch("its previous state c_prev", expected_c, jvp(call_c, (c_prev,), (v,))[1])
     vg = torch.randn(gates.shape, generator=gen, dtype=torch.float64)
     call_g = lambda g: functional_call(bound, frozen, (g, c_prev))  # noqa: E731
-    mismatch("its gates", (local.d_gates * vg).sum(-2), jvp(call_g, (gates,), (vg,))[1])
+    expected_g = (local.d_gates * vg.unsqueeze(1)).sum(2) if blocks else (local.d_gates * vg).sum(-2)
+    mismatch("its gates", expected_g, jvp(call_g, (gates,), (vg,))[1])
     for k, p in params.items():
         t = torch.randn(p.shape, generator=gen, dtype=torch.float64)
         call_p = lambda q, k=k: functional_call(bound, {**frozen, f"cell.{k}": q}, (gates, c_prev))  # noqa: E731

@@ -13,6 +13,10 @@ What backward keeps alive for M > 1, in state-sized tensors per step (TBPTT's gr
   (G + 2), since dc/dp = dc/dgates * c_prev is rebuilt cheaply;
 - other cells: the gates and c_prev (G + 1), and backward recomputes the derivatives chunk by chunk.
 
+Units of K > 1 components (:func:`block_scan`) take the same route with a K x K Jacobian block per unit: backward is
+lambda_{t-1} = e_{t-1} + J_t^T lambda_t per unit, and keeps the blocks, dc/dgates and dc/dp of every step
+(K^2 + K*G + K*P state-sized tensors per step and unit).
+
 Backward cannot itself be differentiated (no double backward); ``retain_graph=True`` works.
 """
 
@@ -37,15 +41,21 @@ class Linearization:
     Attributes:
         jh: (T, B, N) the diagonal of dc_t/dc_{t-1} times keep_t (zero where a reset cuts the stream).
         d_gates: (T, B, G, N) dc_t/dgates_t.
-        d_params: per-unit parameter name -> dc_t/dp (T, B, K, N), the parameter viewed as (K, N).
-        c_prev: (T, B, N) the previous states after the reset mask, where a caller needs them (a dense weight
-            on the state multiplies them), else None.
+        d_params: per-unit parameter name -> dc_t/dp (T, B, P, N), the parameter viewed as (P, N).
+        c_prev: (T, B, N) what a dense weight on the state multiplies (the previous states after the reset mask, or
+            the part of them that a fully recurrent cell's R reads), where a caller needs it, else None.
+        d_mixed: fully recurrent cells whose recurrent projection does not simply add to the gates (the GRU):
+            (T, B, G, N) dc_t/d(R c_{t-1} + b_R); None means that it equals ``d_gates``.
+
+    With K > 1 components per unit: jh is the per-unit block (T, B, K, K, N), jh[t, b, k, j, n] =
+    dc_{t,k,n}/dc_{t-1,j,n}, and d_gates (T, B, K, G, N), d_params (T, B, K, P, N), d_mixed gain the axis k of dc_k.
     """
 
     jh: Tensor
     d_gates: Tensor
     d_params: dict[str, Tensor]
     c_prev: Tensor | None = None
+    d_mixed: Tensor | None = None
 
     def __getitem__(self, steps: slice) -> Linearization:
         return Linearization(
@@ -53,6 +63,7 @@ class Linearization:
             self.d_gates[steps],
             {k: v[steps] for k, v in self.d_params.items()},
             None if self.c_prev is None else self.c_prev[steps],
+            None if self.d_mixed is None else self.d_mixed[steps],
         )
 
     def param_grad(self, name: str, lam: Tensor) -> Tensor:
@@ -64,11 +75,13 @@ class Linearization:
         self.jh, self.d_gates = self.jh.to(dtype), self.d_gates.to(dtype)
         self.d_params = {k: v.to(dtype) for k, v in self.d_params.items()}
         self.c_prev = None if self.c_prev is None else self.c_prev.to(dtype)
+        self.d_mixed = None if self.d_mixed is None else self.d_mixed.to(dtype)
 
-    def release(self) -> tuple[Tensor, Tensor, dict[str, Tensor], Tensor | None]:
-        """The tensors, handed over: this object lets go of them, so a consumer can free each one once used."""
-        out = (self.jh, self.d_gates, self.d_params, self.c_prev)
-        self.jh = self.d_gates = self.c_prev = None  # type: ignore[assignment]
+    def release(self) -> tuple[Tensor, Tensor, dict[str, Tensor], Tensor | None, Tensor | None]:
+        """The tensors (jh, d_gates, d_params, c_prev, d_mixed), handed over: this object lets go of them, so a
+        consumer can free each one once used."""
+        out = (self.jh, self.d_gates, self.d_params, self.c_prev, self.d_mixed)
+        self.jh = self.d_gates = self.c_prev = self.d_mixed = None  # type: ignore[assignment]
         self.d_params = {}
         return out
 
@@ -223,4 +236,61 @@ def diagonal_scan(
     """
     linearize = _Linearizer(cell, names, params, keep)
     states, jh, d_gates, *d_params = _DiagonalScan.apply(linearize, gates, c0, *[params[k] for k in names])
+    return states, Linearization(jh, d_gates, dict(zip(names, d_params)))
+
+
+# -- units of K > 1 components: a K x K Jacobian block per unit ----------------------------------------------------
+class _BlockScan(torch.autograd.Function):
+    """:class:`_DiagonalScan` for units of K > 1 components: states (M, B, K, N) and the per-unit blocks."""
+
+    @staticmethod
+    def forward(ctx, cell: ElementwiseCell, names: tuple[str, ...], unit: dict, keep: Tensor, gates: Tensor, c0, *ps):
+        m, b, _, n = gates.shape
+        mask = keep[:, :, None, None]
+        c, steps = c0, []
+        c_prev = torch.empty(m, *c0.shape, dtype=c0.dtype, device=c0.device)
+        for t in range(m):
+            torch.mul(c, mask[t], out=c_prev[t])
+            if m > 1:  # with one step the derivative pass below gives the new state
+                c = cell.recurrence(gates[t], c_prev[t])
+                steps.append(c)
+        local = local_derivatives(cell, "recurrence", unit, gates.flatten(0, 1), c_prev.flatten(0, 1))
+        if m == 1:
+            steps = [local.value if local.value is not None else cell.recurrence(gates[0], c_prev[0])]
+        unfold = lambda x: x.reshape(m, b, *x.shape[1:])  # noqa: E731
+        jh = unfold(local.d_state) * mask.unsqueeze(-1)  # (M, B, K, K, N), zero where a reset cuts the stream
+        d_gates = unfold(local.d_gates)  # (M, B, K, G, N)
+        d_params = [unfold(local.d_params[k]) for k in names]  # (M, B, K, P, N)
+        ctx.save_for_backward(jh, d_gates, *d_params)
+        ctx.param_shapes = [p.shape for p in ps]
+        derivatives = (jh, d_gates, *d_params)
+        ctx.mark_non_differentiable(*derivatives)
+        ctx.set_materialize_grads(False)
+        return torch.stack(steps), *derivatives
+
+    @staticmethod
+    def backward(ctx, grad: Tensor | None, *_):
+        needs = ctx.needs_input_grad  # (cell, names, unit, keep, gates, c0, *params)
+        if grad is None:
+            return (None,) * len(needs)
+        jh, d_gates, *d_params = ctx.saved_tensors
+        lam = grad.contiguous().clone()  # (M, B, K, N): adjoints, built in place from the last step back
+        for t in range(lam.shape[0] - 1, 0, -1):  # lambda_{t-1} += J_t^T lambda_t, per unit
+            lam[t - 1].add_((jh[t] * lam[t].unsqueeze(2)).sum(1))
+        g_gates = (lam.unsqueeze(3) * d_gates).sum(2) if needs[4] else None
+        g_c0 = (jh[0] * lam[0].unsqueeze(2)).sum(1) if needs[5] else None
+        g_params = [
+            (lam.unsqueeze(3) * d).sum((0, 1, 2)).reshape(shape) if need else None
+            for d, shape, need in zip(d_params, ctx.param_shapes, needs[6:])
+        ]
+        return (None, None, None, None, g_gates, g_c0, *g_params)
+
+
+def block_scan(
+    cell: ElementwiseCell, names: tuple[str, ...], params: dict[str, Tensor], gates: Tensor, c0: Tensor, keep: Tensor
+) -> tuple[Tensor, Linearization]:
+    """:func:`diagonal_scan` for units of K > 1 components: c0 (B, K, N) -> states (M, B, K, N), differentiable with
+    respect to gates, c0 and ``params[names]``, and the detached linearisation with per-unit K x K blocks jh."""
+    unit = {k: params[k].detach() for k in names}
+    states, jh, d_gates, *d_params = _BlockScan.apply(cell, names, unit, keep, gates, c0, *[params[k] for k in names])
     return states, Linearization(jh, d_gates, dict(zip(names, d_params)))

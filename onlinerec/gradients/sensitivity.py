@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from onlinerec.cells.base import ElementwiseCell
+from onlinerec.cells.stack import Stack
 from onlinerec.gradients.base import GradientMethod, project, window_features
 from onlinerec.gradients.carry import Carry
 from onlinerec.gradients.derivatives import substituted
@@ -31,15 +32,17 @@ from onlinerec.gradients.scan import Linearization
 
 @dataclass(frozen=True)
 class Tracked:
-    """A cell parameter that carries a sensitivity, viewed as (K, N, F) (see :class:`Carry`)."""
+    """A cell parameter that carries a sensitivity, viewed as (P, N, F) (see :class:`Carry`)."""
 
     name: str
     kind: Literal["weight", "bias", "unit"]
     source: Literal["input", "state", ""] = ""  # what a dense weight multiplies: window inputs or c_prev
+    via: Literal["gates", "mixed"] = "gates"  # dense weights and biases: the input gates, or R c_prev + b_R
 
 
 class _InjectSensitivity(torch.autograd.Function):
-    """Identity on c_0 whose backward adds sum_b grad[b, n] * S[b, k, n, f] to each parameter's gradient."""
+    """Identity on c_0 whose backward adds sum_b grad[b, n] * S[b, p, n, f] (K > 1: sum_{b,k} grad[b, k, n] *
+    S[b, k, p, n, f]) to each parameter's gradient."""
 
     @staticmethod
     def forward(ctx, c0: Tensor, n: int, *tensors: Tensor) -> Tensor:
@@ -61,12 +64,14 @@ def _inject(c: Tensor, sensitivities: list[Tensor], params: list[Tensor]) -> Ten
 
 
 def _contract(lam: Tensor, s: Tensor) -> Tensor:
-    """sum_b lam[b, n] * s[b, k, n, f] -> (K, N, F).
+    """sum_b lam[b, n] * s[b, p, n, f] -> (P, N, F); for K > 1 components sum_{b,k} lam[b, k, n] * s[b, k, p, n, f].
 
-    On CPU a loop of in-place multiply-adds over b reads s once and keeps the (K, N, F) accumulator in cache; it is
+    On CPU a loop of in-place multiply-adds over b reads s once and keeps the (P, N, F) accumulator in cache; it is
     about 5x faster there than torch.einsum, which permutes s into a batched matmul."""
-    b, k, n, f = s.shape
     lam = lam.to(s.dtype)  # e.g. bfloat16 states under autocast, float32 sensitivities
+    if s.dim() == 5:  # K > 1 components: the same contraction over the rows (b, k)
+        return _contract(lam.flatten(0, 1), s.flatten(0, 1))
+    b, k, n, f = s.shape
     if s.device.type != "cpu" or f == 1 or b == 1:
         return torch.einsum("bn,bknf->knf", lam, s)
     out = s[0] * lam[0, :, None]
@@ -93,8 +98,8 @@ class SensitivityMethod(GradientMethod):
     The template: zero sensitivities in the :class:`Carry` layout, a surrogate c_0 that injects the carried ones,
     the subclass's :meth:`linearized_scan` over the segment, then the batched carry :meth:`propagate`. At M = 1
     with an exact carry the gradient is read off the new sensitivities instead (see :meth:`_unroll_one_step`).
-    :meth:`propagate` assumes that each unit's Jacobian is a scalar (jh is diagonal); a structure with a K x K block
-    per unit would override it along with :meth:`linearized_scan`.
+    :meth:`propagate` takes each unit's Jacobian as a scalar (jh diagonal, K = 1) or, for units of K > 1 components,
+    as a K x K block (docs/rtrl.md#multi-component-units).
     """
 
     # -- the Jacobian structure, supplied by subclasses -------------------------------------------
@@ -112,7 +117,8 @@ class SensitivityMethod(GradientMethod):
 
         Returns the states (M, B, N), differentiable with respect to gates, c0 and the tensors in ``params``, and
         their detached local derivatives, with jh the diagonal along which the sensitivities decay (and
-        ``c_prev`` filled in if a tracked weight has ``source="state"``)."""
+        ``c_prev`` filled in if a tracked weight has ``source="state"``). For units of K > 1 components c0 is
+        (B, K, N), the states (M, B, K, N) and jh holds the per-unit K x K blocks."""
 
     def exact_carry(self, cell: ElementwiseCell) -> bool:
         """Whether the carried S is the true dc/dtheta for ``cell``; then M = 1 reads the gradient off it."""
@@ -127,23 +133,25 @@ class SensitivityMethod(GradientMethod):
 
     # -- the template -----------------------------------------------------------------------------
     def check_cell(self, cell: ElementwiseCell) -> None:
-        super().check_cell(cell)
-        self.unit_parameters(cell)
+        super().check_cell(cell)  # for a stack: every layer
+        if not isinstance(cell, Stack):
+            self.unit_parameters(cell)
 
     def sensitivity_names(self, cell: ElementwiseCell) -> tuple[str, ...]:
+        if isinstance(cell, Stack):  # named as in the stack's named_parameters ("layers.0.input_proj.weight")
+            return tuple(
+                f"layers.{i}.{k}" for i, layer in enumerate(cell.layers) for k in self.sensitivity_names(layer)
+            )
         return tuple(tr.name for tr in self.tracked(cell))
 
     def _zero_sensitivities(self, cell, batch_size, device, dtype) -> dict[str, Tensor]:
         params = dict(cell.named_parameters())
         n = cell.hidden_size
+        lead = (batch_size,) if cell.num_components == 1 else (batch_size, cell.num_components)
         out = {}
         for tr in self.tracked(cell):
             p = params[tr.name]
-            shape = (
-                (batch_size, cell.num_gates, n, p.shape[-1])
-                if tr.kind == "weight"
-                else (batch_size, p.numel() // n, n, 1)
-            )
+            shape = (*lead, cell.num_gates, n, p.shape[-1]) if tr.kind == "weight" else (*lead, p.numel() // n, n, 1)
             out[tr.name] = torch.zeros(shape, device=device, dtype=dtype)
         return out
 
@@ -201,8 +209,10 @@ class SensitivityMethod(GradientMethod):
         ``lin`` is released and each derivative dropped as soon as it has been used, so that peak memory stays low;
         each new sensitivity is allocated once (the matmul output) and the decayed S_0 is added into it in place.
         ``feats`` (M, B, F) are the window inputs that ``source="input"`` weights multiply."""
-        jh, d_gates, d_params, c_prev = lin.release()
+        jh, d_gates, d_params, c_prev, d_mixed = lin.release()
         sources = {"input": feats, "state": c_prev}
+        if jh.dim() == 5:  # units of K > 1 components
+            return _propagate_blocks(tracked, jh, d_gates, d_params, d_mixed, sources, sens0)
         m, b, g, n = d_gates.shape
         p_rest, p_all = _exclusive_reverse_cumprod(jh)
         del jh
@@ -214,20 +224,91 @@ class SensitivityMethod(GradientMethod):
                 part = d_params[tr.name] if m == 1 else p_rest.unsqueeze(2) * d_params[tr.name]
                 out[tr.name] = part.sum(0).unsqueeze(-1).addcmul_(sens0[tr.name], scale)
         del d_params
-        weighted = d_gates if m == 1 else p_rest.unsqueeze(2) * d_gates  # (M, B, G, N)
-        del p_rest, d_gates
+        weighted = {"gates": d_gates if m == 1 else p_rest.unsqueeze(2) * d_gates}  # (M, B, G, N)
+        if d_mixed is not None:  # a fully recurrent cell whose R c_prev enters other than as gates + R c_prev
+            weighted["mixed"] = d_mixed if m == 1 else p_rest.unsqueeze(2) * d_mixed
+        del p_rest, d_gates, d_mixed
         for tr in tracked:
             if tr.kind == "bias":
-                out[tr.name] = weighted.sum(0).unsqueeze(-1).addcmul_(sens0[tr.name], scale)
+                out[tr.name] = (
+                    weighted.get(tr.via, weighted["gates"]).sum(0).unsqueeze(-1).addcmul_(sens0[tr.name], scale)
+                )
         if m > 1:  # the matmul operand (B, G*N, M); a contiguous copy beats a strided operand or output
-            weighted = weighted.permute(1, 2, 3, 0).reshape(b, g * n, m)
+            weighted = {k: w.permute(1, 2, 3, 0).reshape(b, g * n, m) for k, w in weighted.items()}
         for tr in tracked:
             if tr.kind == "weight":
                 s0 = sens0[tr.name]
                 x = sources[tr.source].transpose(0, 1)  # (B, M, F)
+                w = weighted.get(tr.via, weighted["gates"])
                 if m == 1:  # an outer product; bmm with an inner size of 1 is slow
-                    new = weighted[0].reshape(b, g * n, 1) * x
+                    new = w[0].reshape(b, g * n, 1) * x
                 else:
-                    new = torch.bmm(weighted, x.contiguous())
+                    new = torch.bmm(w, x.contiguous())
                 out[tr.name] = new.view(s0.shape).addcmul_(s0, scale)
         return {tr.name: out[tr.name] for tr in tracked}
+
+
+# -- units of K > 1 components: K x K blocks per unit -----------------------------------------------------------------
+def block_mul(a: Tensor, b: Tensor) -> Tensor:
+    """Per-unit matrix products: a (..., K, K, N) times b (..., K, X, N) -> (..., K, X, N), sum_j a[k, j] b[j, x]."""
+    return (a.unsqueeze(-2) * b.unsqueeze(-4)).sum(-3)
+
+
+def _block_products(jh: Tensor) -> tuple[Tensor, Tensor]:
+    """P[t] = J[M-1] ... J[t+1] (P[M-1] = I) and P[0] J[0], per stream and unit: jh (M, B, K, K, N)."""
+    m = jh.shape[0]
+    p = torch.empty_like(jh)
+    p[m - 1] = 0
+    p[m - 1].diagonal(dim1=1, dim2=2).fill_(1)
+    for t in range(m - 1, 0, -1):
+        p[t - 1] = block_mul(p[t], jh[t])
+    return p, block_mul(p[0], jh[0])
+
+
+def _decay_into(new: Tensor, s0: Tensor, p_all: Tensor) -> Tensor:
+    """new += P(0,M) S_0 per unit, in place: new and s0 (B, K, X, N, F), p_all (B, K, K, N). K^2 multiply-adds."""
+    k = p_all.shape[1]
+    for i in range(k):
+        for j in range(k):
+            new[:, i].addcmul_(s0[:, j], p_all[:, i, j, None, :, None])
+    return new
+
+
+def _propagate_blocks(
+    tracked: list[Tracked],
+    jh: Tensor,
+    d_gates: Tensor,
+    d_params: dict[str, Tensor],
+    d_mixed: Tensor | None,
+    sources: dict[str, Tensor | None],
+    sens0: dict[str, Tensor],
+) -> dict[str, Tensor]:
+    """:meth:`SensitivityMethod.propagate` for units of K > 1 components: S_M = P(0,M) S_0 + sum_tau P(tau,M) I_tau with
+    P(tau,M) the product of the K x K blocks after tau, and still one batched matmul (B, K*G*N, M) x (B, M, F) per dense
+    weight (docs/rtrl.md#multi-component-units)."""
+    m, b, k, g, n = d_gates.shape
+    p_rest, p_all = _block_products(jh)
+    del jh
+    out = {}
+    for tr in tracked:
+        if tr.kind == "unit":
+            part = block_mul(p_rest, d_params[tr.name]).sum(0).unsqueeze(-1)  # (B, K, P, N, 1)
+            out[tr.name] = _decay_into(part, sens0[tr.name], p_all)
+    del d_params
+    weighted = {"gates": block_mul(p_rest, d_gates)}  # (M, B, K, G, N)
+    if d_mixed is not None:
+        weighted["mixed"] = block_mul(p_rest, d_mixed)
+    del p_rest, d_gates, d_mixed
+    for tr in tracked:
+        if tr.kind == "bias":
+            part = weighted.get(tr.via, weighted["gates"]).sum(0).unsqueeze(-1)
+            out[tr.name] = _decay_into(part, sens0[tr.name], p_all)
+    weighted = {key: w.permute(1, 2, 3, 4, 0).reshape(b, k * g * n, m) for key, w in weighted.items()}
+    for tr in tracked:
+        if tr.kind == "weight":
+            s0 = sens0[tr.name]
+            x = sources[tr.source].transpose(0, 1)  # (B, M, F)
+            w = weighted.get(tr.via, weighted["gates"])
+            new = w * x if m == 1 else torch.bmm(w, x.contiguous())  # m == 1: an outer product
+            out[tr.name] = _decay_into(new.view(s0.shape), s0, p_all)
+    return {tr.name: out[tr.name] for tr in tracked}

@@ -108,7 +108,9 @@ class SequenceClassifier(OnlineRecurrentModule):
     def _log_metrics(self, stream: str) -> None:
         # Metrics are logged once per epoch (computed and synced across ranks here), not on every step.
         metrics = self._metrics(stream)
-        self.log_dict({f"{stream}/{k}": v for k, v in metrics.compute().items()}, prog_bar=True)
+        # compute() already syncs the metric across ranks, so every rank logs the same value: sync_dist only silences
+        # Lightning's reminder to sync epoch-level values
+        self.log_dict({f"{stream}/{k}": v for k, v in metrics.compute().items()}, prog_bar=True, sync_dist=True)
         metrics.reset()
 
     @override

@@ -6,6 +6,7 @@ fails loudly if a Lightning release moves any of them.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from lightning.pytorch.callbacks import RichProgressBar
@@ -60,3 +61,14 @@ class StepProgressBar(RichProgressBar):
         items = super().get_metrics(trainer, pl_module)
         items.pop("v_num", None)
         return items
+
+
+class _NoAdvertisements(logging.Filter):
+    """Drops Lightning's "💡 Tip: ... try installing ..." lines (product advice, nothing a user must act on)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    logging.getLogger(_name).addFilter(_NoAdvertisements())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import lightning as L
@@ -17,11 +18,16 @@ from typing_extensions import override
 from onlinerec.cells.base import ElementwiseCell
 from onlinerec.data.segment import Segment
 from onlinerec.gradients import METHODS, TBPTT, Carry, GradientMethod
+from onlinerec.gradients.carry import StackCarry, load_carry
 from onlinerec.training.callbacks import FiniteGuard
 from onlinerec.training.checkpoint import CARRY_KEY, verify_checkpoint_file
-from onlinerec.training.stream_order import ContinuityCheck, check_ranks_differ, check_stream_order
+from onlinerec.training.stream_order import ContinuityCheck, check_batching, check_ranks_differ, check_stream_order
 
 __all__ = ["OnlineRecurrentModule"]
+
+# Every OnlineRecurrentModule defines validation_step (the template step serves all splits), so Lightning's reminder
+# that a fit without a val_dataloader skips validation is noise for them, not something a user should act on.
+warnings.filterwarnings("ignore", message=r".*defined a `validation_step` but have no `val_dataloader`.*")
 
 
 class OnlineRecurrentModule(L.LightningModule):
@@ -123,27 +129,24 @@ class OnlineRecurrentModule(L.LightningModule):
             self._check_loader()
         if carry is None:
             carry = method.init_carry(self.cell, b)
-        elif carry.c.device != inputs.device:
+        elif carry.device != inputs.device:
             carry = carry.to(inputs.device)
         carry = self._adapt(carry, method)
         states, self._carries[stream] = method.unroll(self.cell, inputs, reset, carry)
         return states
 
-    def _adapt(self, carry: Carry, method: GradientMethod) -> Carry:
+    def _adapt(self, carry: Carry | StackCarry, method: GradientMethod) -> Carry | StackCarry:
         # A carry made by another method (resuming with a new strategy) keeps c; missing sensitivities start at zero.
-        needed = method.sensitivity_names(self.cell)
-        if carry.sensitivities.keys() == set(needed):
-            return carry
-        if set(needed) <= carry.sensitivities.keys():
-            return Carry(carry.c, carry.window, {k: carry.sensitivities[k] for k in needed})
-        rank_zero_warn(
-            f"The carried state has no sensitivities for {method!r}; they restart from zero (gradients truncate once)."
-        )
-        fresh = method.init_carry(self.cell, carry.batch_size, device=carry.c.device, dtype=carry.c.dtype)
-        return Carry(carry.c, carry.window, fresh.sensitivities)
+        carry, restarted = method.adapt_carry(self.cell, carry)
+        if restarted:
+            rank_zero_warn(
+                f"The carried state has no sensitivities for {method!r}; they restart from zero (gradients truncate once)."
+            )
+        return carry
 
-    def carry(self, stream: str = "train") -> Carry | None:
-        """The carried state of ``stream`` after the last segment (None before the first)."""
+    def carry(self, stream: str = "train") -> Carry | StackCarry | None:
+        """The carried state of ``stream`` after the last segment (None before the first); a
+        :class:`~onlinerec.gradients.carry.StackCarry` (one carry per layer) for a :class:`~onlinerec.cells.Stack`."""
         return self._carries.get(stream)
 
     @torch.no_grad()
@@ -155,12 +158,7 @@ class OnlineRecurrentModule(L.LightningModule):
         carry = self._carries.get(stream)
         if carry is None or carry.batch_size != inputs.shape[1]:
             carry = _EVAL.init_carry(self.cell, inputs.shape[1])
-        return _EVAL.unroll(
-            self.cell,
-            inputs,
-            reset,
-            Carry(carry.c.to(inputs.device), None if carry.window is None else carry.window.to(inputs.device)),
-        )[0]
+        return _EVAL.unroll(self.cell, inputs, reset, carry.state_only().to(inputs.device))[0]
 
     def reset_streams(self, stream: str | None = None) -> None:
         """Forget the carried state of one stream name (or of all)."""
@@ -205,10 +203,18 @@ class OnlineRecurrentModule(L.LightningModule):
         Returns the loss dict (``"loss"`` first); Lightning backpropagates ``"loss"`` in training.
         """
         if not isinstance(segment, Segment):
+            pairs = isinstance(segment, (list, tuple)) and len(segment) == 2 and all(isinstance(x, Tensor) for x in segment)
+            hint = (
+                " It looks like (inputs, targets) of sequences batched by a DataLoader: deal sequences into streams with "
+                "onlinerec.data.SequenceDataModule(train=dataset, ...) instead."
+                if pairs
+                else ""
+            )
             raise TypeError(
                 f"{type(self).__name__} trains on onlinerec Segments (M steps x B streams, time-major), but the {stream} "
                 f"loader gave a {type(segment).__name__}. Yield Segment(inputs, reset, targets) batches, e.g. from a "
-                "SegmentStream or SequenceDataModule; a DataLoader needs batch_size=None so that it does not re-batch them."
+                "SegmentStream or SequenceDataModule; a DataLoader needs batch_size=None so that it does not re-batch "
+                f"them.{hint}"
             )
         if stream == "train":
             self._check_steps(segment)
@@ -249,7 +255,8 @@ class OnlineRecurrentModule(L.LightningModule):
                 continue
             if isinstance(value, Tensor):
                 value = value.detach()
-            self.log(f"{stream}/{name}", value, prog_bar=name == "loss", batch_size=max(weight, 1))
+            # epoch-level (evaluation) values are averaged over DDP ranks; training steps log this rank's value
+            self.log(f"{stream}/{name}", value, prog_bar=name == "loss", batch_size=max(weight, 1), sync_dist=stream != "train")
 
     @override
     def training_step(self, batch: Segment, batch_idx: int) -> dict[str, Tensor]:  # type: ignore[override]
@@ -291,6 +298,38 @@ class OnlineRecurrentModule(L.LightningModule):
     @override
     def on_fit_start(self) -> None:
         self._ranks_checked = False
+
+    @override
+    def on_train_start(self) -> None:
+        check_batching(self.trainer.train_dataloader, "training")
+        self._check_loader()
+
+    @override
+    def on_train_end(self) -> None:
+        # Lightning clears callback_metrics when validate/test starts; keep the last fit's train/* there (restored in
+        # on_validation_end / on_test_end), so that a validate() after fit() does not lose them.
+        self._train_metrics = {k: v for k, v in self.trainer.callback_metrics.items() if k.startswith("train/")}
+
+    @override
+    def on_validation_start(self) -> None:
+        check_batching(self.trainer.val_dataloaders, "validation")
+
+    @override
+    def on_test_start(self) -> None:
+        check_batching(self.trainer.test_dataloaders, "test")
+
+    @override
+    def on_validation_end(self) -> None:
+        self._restore_train_metrics()
+
+    @override
+    def on_test_end(self) -> None:
+        self._restore_train_metrics()
+
+    def _restore_train_metrics(self) -> None:
+        if self._trainer is not None and not self.trainer.training and self.trainer.state.fn != "fit":
+            for key, value in getattr(self, "_train_metrics", {}).items():
+                self.trainer.callback_metrics.setdefault(key, value)
 
     @override
     def on_validation_epoch_start(self) -> None:
@@ -349,7 +388,7 @@ class OnlineRecurrentModule(L.LightningModule):
                 )
             self._carries = {}
             return
-        self._carries = {k: Carry.from_state_dict(v) for k, v in per_rank[rank].items()}
+        self._carries = {k: load_carry(v) for k, v in per_rank[rank].items()}
 
 
 def _world() -> tuple[int, int]:

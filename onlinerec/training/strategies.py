@@ -9,10 +9,13 @@ registered name is also a Trainer alias (``Trainer(strategy="rtrl")``, M = 50).
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any, ClassVar
 
+import torch
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy, Strategy, StrategyRegistry
+from lightning.pytorch.utilities import rank_zero_info
 from torch.nn import Module
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
@@ -52,8 +55,13 @@ class OnlineStrategy(DDPStrategy):
 
     default_method: ClassVar[str | None] = None
 
-    def __init__(self, M: int = 50, method: str | GradientMethod | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, M: int = 50, method: str | GradientMethod | None = None, threads: int | str | None = "auto", **kwargs: Any
+    ) -> None:
         self.M = check_segment_length(M)
+        if not (threads is None or threads == "auto" or (isinstance(threads, int) and threads >= 1)):
+            raise ValueError(f"threads must be 'auto', None or an int >= 1, got {threads!r}.")
+        self.threads = threads
         method = self.default_method if method is None else method
         if method is None:
             raise ValueError(
@@ -89,6 +97,8 @@ class OnlineStrategy(DDPStrategy):
     @override
     def setup(self, trainer: Any) -> None:
         keep_loader_order(trainer)
+        if self.root_device.type == "cpu":
+            set_cpu_threads(self.threads)
         if self.world_size > 1:
             super().setup(trainer)
         else:
@@ -107,6 +117,31 @@ class OnlineStrategy(DDPStrategy):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(M={self.M}, method={self.method!r})"
+
+
+def set_cpu_threads(threads: int | str | None) -> None:
+    """Apply a strategy's ``threads`` to torch on the CPU: an int sets it, None leaves torch alone, and "auto" uses one
+    thread on machines with at most 4 cores unless the thread count was chosen already (``OMP_NUM_THREADS``, or
+    ``torch.set_num_threads`` to anything but torch's default). Measured on the 2-core development machine
+    (``benchmarks/threads.py``, README): one thread is 1.2-1.6x faster for onlinerec's workloads, and 3-6x under load."""
+    if threads is None:
+        return
+    if threads != "auto":
+        torch.set_num_threads(int(threads))
+        return
+    chosen = (
+        any(os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
+        or torch.get_num_threads() != _TORCH_DEFAULT
+    )
+    if not chosen and (os.cpu_count() or 1) <= 4 and torch.get_num_threads() > 1:
+        torch.set_num_threads(1)
+        rank_zero_info(
+            "onlinerec: 1 torch thread on this CPU (faster for recurrent models on small machines); "
+            "RTRLStrategy(..., threads=None) keeps torch's default, threads=n sets n."
+        )
+
+
+_TORCH_DEFAULT = torch.get_num_threads()  # torch's own choice, before anyone changes it (read at import)
 
 
 class RTRLStrategy(OnlineStrategy):

@@ -18,7 +18,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from onlinerec.data.stream import StreamOrderError
 
-__all__ = ["ContinuityCheck", "StreamOrderError", "check_ranks_differ", "check_stream_order"]
+__all__ = ["ContinuityCheck", "StreamOrderError", "check_batching", "check_ranks_differ", "check_stream_order"]
 
 
 _ADVICE = (
@@ -74,6 +74,28 @@ def check_stream_order(trainer: L.Trainer | None) -> None:
             problem = _describe_order_problem(loader, trainer.world_size)
             if problem:
                 raise StreamOrderError(f"{problem}. {_ADVICE}")
+
+
+def check_batching(loaders: Any, split: str) -> None:
+    """Raise a TypeError naming the fix if a ``DataLoader`` would re-batch Segments (its default ``batch_size=1``).
+
+    A Segment is already a batch of B streams; torch's ``default_collate`` cannot stack Segments and would fail with
+    a message that does not say why. Checks map-style datasets (their first item); iterable ones are left alone.
+    """
+    from onlinerec.data.segment import Segment
+
+    for loader in _flatten(loaders):
+        if not isinstance(loader, DataLoader) or loader.batch_size is None or isinstance(loader.dataset, IterableDataset):
+            continue
+        try:
+            first = loader.dataset[0] if len(loader.dataset) else None  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001  (a dataset we cannot peek into: the batch check in the step still applies)
+            continue
+        if isinstance(first, Segment):
+            raise TypeError(
+                f"the {split} DataLoader batches Segments (batch_size={loader.batch_size}), but each Segment already "
+                "holds B streams: build it with DataLoader(segments, batch_size=None), or serve a SegmentStream."
+            )
 
 
 def _flatten(obj: Any) -> list[Any]:

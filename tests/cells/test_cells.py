@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from onlinerec import RTRL, TBPTT, ElementwiseCell, ELSTMCell, FELSTMCell, NotElementwiseError, SnAP
+from onlinerec import RTRL, TBPTT, ElementwiseCell, ELSTMCell, FELSTMCell, NotElementwiseError, SnAP, check_gradients
 from onlinerec.gradients.check import bptt_gradients, method_gradients
 from onlinerec.gradients.derivatives import local_derivatives
 from tests.helpers import rel_err
@@ -105,3 +105,174 @@ def test_rtrl_refuses_cells_that_mix_units(cls):
 def test_snap_refuses_mixing_cells_that_are_not_fully_recurrent():
     with pytest.raises(NotElementwiseError, match="_MixesUnits"):
         SnAP().init_carry(_MixesUnits(3, 5), 2)
+
+
+# -- the cells of today (issue 11) --------------------------------------------------------------------------------------
+def test_every_builtin_cell_has_a_name():
+    from onlinerec.cells import CELLS, GRUCell, IndRNNCell, LRUCell, LSTMCell, MinGRUCell, MinLSTMCell, make_cell
+
+    expected = {"lru": LRUCell, "mingru": MinGRUCell, "minlstm": MinLSTMCell, "indrnn": IndRNNCell}
+    expected |= {"lstm": LSTMCell, "gru": GRUCell}
+    for name, cls in expected.items():
+        assert CELLS[name] is cls and type(make_cell(name, 3, 4)) is cls
+
+
+@pytest.mark.parametrize("name", ["elstm", "qrnn", "sru", "lru", "mingru", "minlstm", "indrnn"])
+def test_check_gradients_passes_for_every_elementwise_builtin_cell(name):
+    from onlinerec.cells import make_cell
+
+    errors = check_gradients(make_cell(name, 3, 5))
+    assert max(errors.values()) < 1e-10, errors
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "felstm"])
+def test_check_gradients_of_fully_recurrent_cells_within_one_segment(name):
+    """RTRL refuses them; SnAP-1 and TBPTT are exact backprop within a segment."""
+    from onlinerec.cells import make_cell
+
+    cell = make_cell(name, 3, 5)
+    for method in (SnAP(), TBPTT()):
+        errors = check_gradients(cell, method, steps=20, segment=20)
+        assert max(errors.values()) < 1e-10, (method, errors)
+
+
+def _copy_torch_weights(ours, theirs):
+    with torch.no_grad():
+        ours.input_proj.weight.copy_(theirs.weight_ih)
+        ours.input_proj.bias.copy_(theirs.bias_ih)
+        ours.recurrent_proj.weight.copy_(theirs.weight_hh)
+        ours.recurrent_proj.bias.copy_(theirs.bias_hh)
+
+
+def test_lstm_step_equals_torch_lstm_cell():
+    from onlinerec.cells import LSTMCell
+
+    torch.manual_seed(0)
+    theirs, ours = torch.nn.LSTMCell(3, 6).double(), LSTMCell(3, 6).double()
+    _copy_torch_weights(ours, theirs)
+    x, h, c = torch.randn(4, 3).double(), torch.randn(4, 6).double(), torch.randn(4, 6).double()
+    h_new, c_new = theirs(x, (h, c))
+    state = ours(x, torch.stack([c, h], 1))  # (B, K = 2, N): (c, h)
+    torch.testing.assert_close(state[:, 0], c_new, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(state[:, 1], h_new, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(ours.readout(state, x), h_new, rtol=0, atol=0)
+    assert ours.num_components == 2 and ours.output_size == 6
+
+
+def test_gru_step_equals_torch_gru_cell():
+    from onlinerec.cells import GRUCell
+
+    torch.manual_seed(0)
+    theirs, ours = torch.nn.GRUCell(3, 6).double(), GRUCell(3, 6).double()
+    _copy_torch_weights(ours, theirs)
+    x, h = torch.randn(4, 3).double(), torch.randn(4, 6).double()
+    torch.testing.assert_close(ours(x, h), theirs(x, h), rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("cls_name", ["LSTMCell", "GRUCell"])
+def test_lstm_and_gru_start_like_pytorch(cls_name):
+    """Same tensors and shapes as torch.nn.LSTMCell / GRUCell, each uniform in [-1/sqrt(N), 1/sqrt(N)]."""
+    import onlinerec.cells as cells
+
+    n, d = 64, 40
+    ours, theirs = getattr(cells, cls_name)(d, n), getattr(torch.nn, cls_name)(d, n)
+    pairs = [
+        (ours.input_proj.weight, theirs.weight_ih),
+        (ours.recurrent_proj.weight, theirs.weight_hh),
+        (ours.input_proj.bias, theirs.bias_ih),
+        (ours.recurrent_proj.bias, theirs.bias_hh),
+    ]
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
+    bound = n**-0.5
+    for a, b in pairs:
+        assert a.shape == b.shape
+        assert a.abs().max() <= bound and a.std().item() == pytest.approx(bound / 3**0.5, rel=0.15)
+    shifted = getattr(cells, cls_name)(
+        d, n, **({"forget_bias": 1.0} if cls_name == "LSTMCell" else {"update_bias": 1.0})
+    )
+    assert shifted.input_proj.bias[n : 2 * n].min() >= 1 - bound  # the forget / update gate's bias, gate 1
+
+
+def test_lru_is_the_complex_recurrence_of_the_paper():
+    from onlinerec.cells import LRUCell
+
+    torch.manual_seed(0)
+    d, n = 3, 5
+    cell = LRUCell(d, n).double()
+    x = torch.randn(4, d, dtype=torch.float64)
+    h = torch.randn(4, 2, n, dtype=torch.float64)
+    lam = torch.exp(-torch.exp(cell.nu_log) + 1j * torch.exp(cell.theta_log))
+    b_in = torch.complex(*cell.input_proj.weight.view(2, n, d))
+    hc = torch.complex(h[:, 0], h[:, 1])
+    expected = lam * hc + torch.exp(cell.gamma_log) * (x.to(b_in.dtype) @ b_in.T)
+    new = cell(x, h)
+    torch.testing.assert_close(torch.complex(new[:, 0], new[:, 1]), expected, rtol=1e-13, atol=1e-13)
+    c_mat = torch.complex(cell.output_re, cell.output_im)
+    y = (torch.complex(new[:, 0], new[:, 1]) @ c_mat.T).real + cell.skip * x
+    torch.testing.assert_close(cell.readout(new, x), y, rtol=1e-13, atol=1e-13)
+    assert cell.output_size == d and cell.input_proj.bias is None
+
+
+def test_lru_ring_initialisation_and_normalisation():
+    from onlinerec.cells import LRUCell
+
+    torch.manual_seed(0)
+    cell = LRUCell(4, 2000, r_min=0.9, r_max=0.99, max_phase=0.5)
+    modulus = torch.exp(-torch.exp(cell.nu_log.detach()))
+    phase = torch.exp(cell.theta_log.detach())
+    assert modulus.min() >= 0.9 - 1e-6 and modulus.max() <= 0.99 + 1e-6 and modulus.max() > 0.985
+    assert phase.min() >= 0 and phase.max() <= 0.5 and phase.max() > 0.49
+    torch.testing.assert_close(torch.exp(cell.gamma_log.detach()), (1 - modulus**2).sqrt(), rtol=1e-5, atol=1e-6)
+    # uniform in area on the ring: |lambda|^2 is uniform in [r_min^2, r_max^2]
+    assert (modulus**2).mean().item() == pytest.approx((0.9**2 + 0.99**2) / 2, abs=0.005)
+    fixed = LRUCell(4, 8, train_gamma=False)
+    assert "gamma_log" not in dict(fixed.named_parameters())
+    with pytest.raises(ValueError, match="r_min"):
+        LRUCell(4, 8, r_min=0.9, r_max=0.5)
+
+
+def test_min_gru_and_min_lstm_follow_the_paper():
+    from onlinerec.cells import MinGRUCell, MinLSTMCell
+
+    torch.manual_seed(0)
+    gates, h = torch.randn(4, 3, 5), torch.randn(4, 5)
+    gru = MinGRUCell(2, 5)
+    z = torch.sigmoid(gates[:, 0])
+    torch.testing.assert_close(gru.recurrence(gates[:, :2], h), (1 - z) * h + z * gates[:, 1])
+    lstm = MinLSTMCell(2, 5)
+    f, i = torch.sigmoid(gates[:, 0]), torch.sigmoid(gates[:, 1])
+    expected = f / (f + i) * h + i / (f + i) * gates[:, 2]
+    torch.testing.assert_close(lstm.recurrence(gates, h), expected)
+    raw = MinLSTMCell(2, 5, normalize=False)
+    torch.testing.assert_close(raw.recurrence(gates, h), f * h + i * gates[:, 2])
+    torch.manual_seed(1)
+    plain = MinGRUCell(2, 5).input_proj.bias[:5].clone()
+    torch.manual_seed(1)
+    torch.testing.assert_close(MinGRUCell(2, 5, update_bias=-3.0).input_proj.bias[:5], plain - 3.0)
+
+
+def test_indrnn_recurrence_and_its_straight_through_clamp():
+    from onlinerec.cells import IndRNNCell
+
+    torch.manual_seed(0)
+    cell = IndRNNCell(2, 4, recurrent_max=0.5)
+    assert cell.recurrent_weight.abs().max() <= 0.5
+    with torch.no_grad():
+        cell.recurrent_weight.copy_(torch.tensor([0.2, -0.9, 0.7, 0.4]))
+    gates, h = torch.randn(3, 1, 4), torch.rand(3, 4)
+    u_eff = torch.tensor([0.2, -0.5, 0.5, 0.4])
+    out = cell.recurrence(gates, h)
+    torch.testing.assert_close(out, torch.relu(gates[:, 0] + u_eff * h))
+    out.sum().backward()
+    torch.testing.assert_close(cell.recurrent_weight.grad, ((gates[:, 0] + u_eff * h > 0) * h).sum(0))
+    with pytest.raises(ValueError, match="nonlinearity"):
+        IndRNNCell(2, 4, nonlinearity="sigmoid")
+
+
+def test_default_readout_of_a_multi_component_cell_puts_the_components_side_by_side():
+    from tests.gradients.rotation import Rotation3Cell
+
+    cell = Rotation3Cell(2, 4)
+    assert cell.state_shape == (3, 4) and cell.output_size == 12
+    c = torch.randn(5, 3, 4)
+    torch.testing.assert_close(cell.readout(c, torch.zeros(5, 2)), torch.cat([c[:, 0], c[:, 1], c[:, 2]], -1))

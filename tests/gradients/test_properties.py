@@ -8,9 +8,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from onlinerec import RTRL, TBPTT, ELSTMCell, FELSTMCell, QRNNCell, SnAP, SRUCell
+from onlinerec.cells import GRUCell, LRUCell, LSTMCell, MinGRUCell
 from onlinerec.gradients.check import bptt_gradients, method_gradients, reference_states, stepwise, truncated_gradients
+from tests.gradients.rotation import Rotation3Cell
 
-ELEMENTWISE = [ELSTMCell, QRNNCell, SRUCell]
+ELEMENTWISE = [ELSTMCell, QRNNCell, SRUCell, LRUCell, MinGRUCell, Rotation3Cell]  # K = 1, 2 and 3
+FULLY_RECURRENT = [FELSTMCell, LSTMCell, GRUCell]
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 D, N = 2, 3
 
@@ -26,9 +29,9 @@ def problems(draw, cells):
     seed = draw(st.integers(0, 2**16))
     gen = torch.Generator().manual_seed(seed)
     inputs = torch.randn(t, b, D, generator=gen, dtype=torch.float64)
-    weights = torch.randn(t, b, N, generator=gen, dtype=torch.float64)
     torch.manual_seed(seed)
     cell = cls(D, N).double()
+    weights = torch.randn(t, b, *cell.state_shape, generator=gen, dtype=torch.float64)
     return cell, inputs, reset, weights, seg_len
 
 
@@ -63,7 +66,7 @@ def test_snap_equals_rtrl_on_elementwise_cells_for_any_reset_pattern(problem):
 
 
 @SETTINGS
-@given(problems([*ELEMENTWISE, FELSTMCell]))
+@given(problems([*ELEMENTWISE, *FULLY_RECURRENT]))
 def test_tbptt_equals_truncated_backprop_for_any_reset_pattern(problem):
     cell, inputs, reset, weights, seg_len = problem
     expected = truncated_gradients(cell, inputs, reset, weights, seg_len)
@@ -73,11 +76,11 @@ def test_tbptt_equals_truncated_backprop_for_any_reset_pattern(problem):
 
 
 @SETTINGS
-@given(problems([*ELEMENTWISE, FELSTMCell]), st.sampled_from([RTRL, SnAP, TBPTT]))
+@given(problems([*ELEMENTWISE, *FULLY_RECURRENT]), st.sampled_from([RTRL, SnAP, TBPTT]))
 def test_every_method_gives_the_forward_states_of_the_reference(problem, method_cls):
     """Whatever the gradient method, the states it returns are the cell's own step-by-step outputs."""
     cell, inputs, reset, weights, seg_len = problem
-    if method_cls is RTRL and isinstance(cell, FELSTMCell):
+    if method_cls is RTRL and isinstance(cell, tuple(FULLY_RECURRENT)):
         return  # refused (tested elsewhere)
     method = method_cls()
     carry = method.init_carry(cell, inputs.shape[1])

@@ -34,7 +34,7 @@ from onlinerec import (
     SnAPStrategy,
     TBPTTStrategy,
 )
-from onlinerec.data.stream import SegmentStream
+from onlinerec.data.stream import SegmentStream, StreamOrderError
 from onlinerec.training.callbacks import NonFiniteError
 from tests.helpers import Regressor
 
@@ -171,6 +171,16 @@ def script_main(out: Path, launcher: str) -> None:
     (out / f"nan_rank{rank}.json").write_text(
         json.dumps({"message": message, "finite": finite, "global_step": trainer.global_step})
     )
+
+    # a SegmentStream that does not shard by rank: both ranks would train on the same streams; refused on every rank
+    torch.manual_seed(0)
+    trainer = make_trainer("rtrl", devices, STEPS)
+    try:
+        trainer.fit(Regressor(CASES["rtrl"][1](D, 5)), SegmentStream(lambda epoch: shard(union_segments(epoch), 0, 2)))
+        message = "no error"
+    except StreamOrderError as err:
+        message = str(err)
+    (out / f"unsharded_rank{trainer.global_rank}.json").write_text(json.dumps({"message": message}))
     if rank == 0:
         (out / "done.json").write_text(json.dumps({"world_size": results, "launcher": launcher}))
 
@@ -342,6 +352,13 @@ def test_ddp_nan_on_one_rank_stops_every_rank_at_that_step(ddp_run):
     assert ckpts[-1] == f"epoch=0-step={step}.ckpt", ckpts  # nothing written after the bad step
     last = torch.load(ddp_run / "nan_ckpts" / ckpts[-1], weights_only=True)
     assert all(torch.isfinite(v).all() for v in last["state_dict"].values())
+
+
+def test_ddp_ranks_training_on_the_same_streams_are_refused(ddp_run):
+    """A user's SegmentStream that ignores the rank would give both ranks the same data: every rank stops at once."""
+    for r in (0, 1):
+        message = json.loads((ddp_run / f"unsharded_rank{r}.json").read_text())["message"]
+        assert "all 2 DDP ranks got the same first training segment" in message and "rank, world_size" in message
 
 
 def test_ddp_r2ac_trains_on_two_processes_and_resumes(ddp_run):

@@ -217,3 +217,24 @@ def test_num_actions_not_matching_the_env_is_refused():
             model=model,
             strategy=RTRLStrategy(M=M),
         )
+
+
+def test_segments_whose_length_is_not_M_are_refused():
+    """7-step segments under RTRLStrategy(M=4) used to train without a word."""
+    seven = [Segment(torch.randn(7, 3, 2), torch.zeros(7, 3, dtype=torch.bool), torch.zeros(7, 3, 1))] * 3
+    with pytest.raises(ValueError, match=r"segment of 7 steps, but the strategy's M is 4.*trainer.strategy.M.*M=7"):
+        fit(DataLoader(seven, batch_size=None), strategy=RTRLStrategy(M=4))
+
+
+def test_a_dataloader_that_would_rebatch_segments_names_the_fix():
+    with pytest.raises(TypeError, match=r"DataLoader batches Segments \(batch_size=1\).*batch_size=None"):
+        fit(DataLoader([seg(), seg()]))
+
+
+def test_data_modules_refuse_a_segment_length_below_one():
+    from onlinerec.data import DelayedRecallDataModule
+
+    with pytest.raises(ValueError, match=r"M \(steps between weight updates\) must be an int >= 1, got 0"):
+        DelayedRecallDataModule(M=0)
+    with pytest.raises(ValueError, match="num_streams must be an int >= 1"):
+        DelayedRecallDataModule(num_streams=0)

@@ -207,3 +207,33 @@ def test_lookahead_leaves_the_carried_state_untouched():
     ahead = model.lookahead(seg.inputs[4:], seg.reset[4:])
     assert model.carry() is saved and not ahead.requires_grad
     torch.testing.assert_close(ahead, model.unroll(seg.inputs[4:], seg.reset[4:]))
+
+
+def test_train_loss_is_logged_only_for_segments_with_labels(tmp_path):
+    """Delayed recall labels one step per sequence: most segments have none, and used to log train/loss = 0.000."""
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    from onlinerec.data import DelayedRecallDataModule
+    from onlinerec.tasks import SequenceClassifier
+
+    torch.manual_seed(0)
+    data = DelayedRecallDataModule(delay=14, train_size=64, val_size=8, num_streams=4)  # 16-step sequences, M = 4
+    t = trainer(RTRLStrategy(M=4), max_steps=16, logger=CSVLogger(tmp_path, name="", version=""), log_every_n_steps=1)
+    t.fit(SequenceClassifier(9, 4, hidden_size=6), data)
+    with open(tmp_path / "metrics.csv") as f:
+        losses = [float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
+    assert 0 < len(losses) < 16 and all(v > 0 for v in losses)  # only segments holding a query step
+
+
+def test_validate_after_fit_keeps_the_training_metrics():
+    from onlinerec.data import DelayedRecallDataModule
+    from onlinerec.tasks import SequenceClassifier
+
+    data = DelayedRecallDataModule(delay=5, train_size=64, val_size=16, num_streams=8)
+    model = SequenceClassifier(9, 4, hidden_size=8)
+    t = trainer(RTRLStrategy(M=4), max_steps=6, num_sanity_val_steps=0, check_val_every_n_epoch=100)
+    t.fit(model, data)
+    t.validate(model, data, verbose=False)
+    assert {"train/loss", "train/acc", "val/loss", "val/acc"} <= set(t.callback_metrics)

@@ -1,0 +1,94 @@
+"""Linear Recurrent Unit (Orvieto et al. 2023): a complex diagonal recurrence, each unit a K = 2 (real, imaginary) pair."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from onlinerec.cells.base import ElementwiseCell
+
+
+class LRUCell(ElementwiseCell):
+    """Linear Recurrent Unit of Orvieto et al., "Resurrecting Recurrent Neural Networks for Long Sequences" (ICML 2023).
+
+    Each of the N units holds one complex number h = h_re + i h_im, stored as K = 2 real components
+    (``num_components = 2``; the state is (..., 2, N) with ``[..., 0, :]`` the real and ``[..., 1, :]`` the imaginary
+    part)::
+
+        lambda = exp(-exp(nu_log) + i exp(theta_log))               # |lambda| < 1: stable by construction
+        h_t    = lambda * h_{t-1} + gamma * (B_re x_t + i B_im x_t)   # gamma = exp(gamma_log)
+        y_t    = Re(C h_t) + D * x_t = C_re h_re - C_im h_im + D * x_t
+
+    - The complex input matrix B = B_re + i B_im is the input projection with G = 2 gates (no bias, as in the paper):
+      ``gates[..., 0, :] = B_re x`` and ``gates[..., 1, :] = B_im x``, N(0, 1/(2D)) each.
+    - gamma normalises the input so that the state's variance does not grow as |lambda| -> 1. As in the paper's
+      listing it is a trainable per-unit parameter ``gamma_log`` started at log sqrt(1 - |lambda|^2); with
+      ``train_gamma=False`` it is recomputed from nu_log at every step, gamma = sqrt(1 - |lambda|^2).
+    - Ring initialisation: |lambda| uniform on the ring r_min <= |lambda| <= r_max (uniform in area) and the phase
+      uniform in [0, max_phase]. The defaults are those of the paper's listing (0, 1, 6.28); the paper's long-range
+      experiments use r_min >= 0.9 and r_max close to 1, which gives long memory from the start.
+    - The readout is feed-forward (dense C: ``output_re``, ``output_im`` of shape (D, N), N(0, 1/N); ``skip`` = D of
+      shape (D,), N(0, 1)) and maps back to the input width: ``output_size == input_size``, so layers stack with a
+      residual connection.
+
+    The recurrence is element-wise per unit with a 2 x 2 rotation-and-decay Jacobian, so RTRL is exact
+    (Zucchet et al. 2023, "Online learning of long-range dependencies", train it online this way).
+    """
+
+    num_gates = 2
+    num_components = 2
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        r_min: float = 0.0,
+        r_max: float = 1.0,
+        max_phase: float = 6.28,
+        train_gamma: bool = True,
+    ) -> None:
+        super().__init__(input_size, hidden_size)
+        if not 0.0 <= r_min < r_max <= 1.0 or not max_phase > 0:
+            raise ValueError(
+                f"LRUCell needs 0 <= r_min < r_max <= 1 and max_phase > 0, got r_min={r_min}, r_max={r_max}, "
+                f"max_phase={max_phase}."
+            )
+        n, d = hidden_size, input_size
+        self.input_proj = nn.Linear(d, 2 * n, bias=False)  # [B_re; B_im]
+        u1, u2 = torch.rand(n), torch.rand(n)
+        nu_log = torch.log(-0.5 * torch.log(u1 * (r_max**2 - r_min**2) + r_min**2))
+        self.nu_log = nn.Parameter(nu_log)
+        self.theta_log = nn.Parameter(torch.log(max_phase * u2))
+        self.train_gamma = train_gamma
+        gamma_log = 0.5 * torch.log1p(-torch.exp(-2 * torch.exp(nu_log)))  # log sqrt(1 - |lambda|^2)
+        self.register_parameter("gamma_log", nn.Parameter(gamma_log) if train_gamma else None)
+        self.output_re = nn.Parameter(torch.randn(d, n) / math.sqrt(n))
+        self.output_im = nn.Parameter(torch.randn(d, n) / math.sqrt(n))
+        self.skip = nn.Parameter(torch.randn(d))
+        with torch.no_grad():
+            self.input_proj.weight.normal_(0.0, (2 * d) ** -0.5)
+
+    @property
+    def output_size(self) -> int:
+        return self.input_size
+
+    def recurrence(self, gates: Tensor, c_prev: Tensor) -> Tensor:
+        modulus = torch.exp(-torch.exp(self.nu_log))
+        phase = torch.exp(self.theta_log)
+        lam_re, lam_im = modulus * torch.cos(phase), modulus * torch.sin(phase)
+        if self.gamma_log is not None:
+            gamma = torch.exp(self.gamma_log)
+        else:
+            gamma = torch.sqrt(-torch.expm1(-2 * torch.exp(self.nu_log)))
+        h_re, h_im = c_prev[..., 0, :], c_prev[..., 1, :]
+        new_re = lam_re * h_re - lam_im * h_im + gamma * gates[..., 0, :]
+        new_im = lam_re * h_im + lam_im * h_re + gamma * gates[..., 1, :]
+        return torch.stack([new_re, new_im], dim=-2)
+
+    def readout(self, c: Tensor, x: Tensor) -> Tensor:
+        return c[..., 0, :] @ self.output_re.T - c[..., 1, :] @ self.output_im.T + self.skip * x
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, train_gamma={self.train_gamma}"
