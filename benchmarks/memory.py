@@ -1,4 +1,4 @@
-"""Peak memory of one eLSTM core update: RTRL vs TBPTT (and the hand-written reference), on CPU.
+"""Peak memory of one core update: RTRL vs TBPTT (and, for the eLSTM, the hand-written reference), on CPU.
 
 How it is measured (CPU has no ``torch.cuda.max_memory_allocated``; tracemalloc does not see torch's
 allocator):
@@ -19,12 +19,22 @@ configuration leaves behind (cached blocks, lazily built state) skews another.
 
 "carried" is the state a method keeps between updates (c, and for RTRL the sensitivities); it is live
 before the update starts, so the peak of the whole process during an update is about
-``carried + peak above start``.
+``carried + peak above start``. RTRL runs as ``OnlineRecurrentModule`` runs it: each update gives up the old carry
+(``unroll(..., donate=True)``), so at M = 1 the sensitivities of one-component cells are updated in place.
+
+Cores: the eLSTM at the Atari (B 32, N 256, D 257, M 50) and DMLab (B 32, N 512, D 257, M 100) shapes, an LRUCell
+(K = 2 components per unit) and a 4-layer LRU stack at the Atari shape (``--shapes`` picks). For each, the carried
+sensitivity bytes are compared with the theory B * K * sum over the tracked parameters of |theta| * 4
+(docs/rtrl.md#multi-component-units).
 
 Usage::
 
-    python benchmarks/memory.py            # Atari and DMLab core shapes, M = segment length and M = 1
+    python benchmarks/memory.py            # every core, M = segment length and M = 1
     python benchmarks/memory.py --quick    # small shapes, TBPTT and RTRL only (smoke test)
+    python benchmarks/memory.py --shapes lru,stack
+
+The last line reads ``memory atari_M50=<x> atari_M1=... lru_M50=... stack_M1=...``: RTRL's peak above the start of an
+update minus TBPTT's, in units of the sensitivity bytes.
 """
 
 from __future__ import annotations
@@ -47,17 +57,17 @@ def _rss_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def worker(kind: str, b: int, n: int, d: int, m: int, threads: int) -> dict:
+def worker(kind: str, cell: str, b: int, n: int, d: int, m: int, threads: int) -> dict:
     """Runs in the subprocess: warm up, then measure one update both ways."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     sys.path.insert(0, HERE)
-    from rtrl_vs_tbptt import Runner, make_cell, make_segments
+    from rtrl_vs_tbptt import Runner, carried_sensitivity_bytes, make_cell, make_segments
 
     torch.set_num_threads(threads)
-    runner = Runner(kind, make_cell(n, d, torch.float32, 0), b)
-    segs = make_segments(4, m, b, d, torch.float32, 1)
+    runner = Runner(kind, make_cell(n, d, torch.float32, 0, cell), b)
+    segs = make_segments(4, m, b, d, torch.float32, 1, start=m > 1)
     for i in range(2):
         runner.step(*segs[i])
 
@@ -68,6 +78,7 @@ def worker(kind: str, b: int, n: int, d: int, m: int, threads: int) -> dict:
         return c.nbytes()
 
     carried = carried_bytes()
+    carried_sens = carried_sensitivity_bytes(runner)
     runner.cell.zero_grad(set_to_none=True)
 
     # allocator: running total of bytes allocated during the update
@@ -96,13 +107,24 @@ def worker(kind: str, b: int, n: int, d: int, m: int, threads: int) -> dict:
         rss_peak = (_rss_kib("VmHWM") - before) * 1024
     except (OSError, RuntimeError):
         pass
-    return {"carried": carried, "peak_alloc": peak_alloc, "rss_peak": rss_peak}
+    return {"carried": carried, "carried_sens": carried_sens, "peak_alloc": peak_alloc, "rss_peak": rss_peak}
+
+
+STACK_LAYERS = 4  # as benchmarks/rtrl_vs_tbptt.py
 
 
 def sensitivity_bytes(b: int, n: int, d: int, itemsize: int = 4) -> int:
     """Theoretical RTRL state of the eLSTM core: per stream 2*N*D (input projection [Z; F]) + 2*N (its bias)
     + 2*N (recurrent weights w_z, w_f) numbers (docs/rtrl.md#complexity)."""
     return b * (2 * n * d + 4 * n) * itemsize
+
+
+def theory_bytes(cell: str, b: int, n: int, d: int) -> int:
+    """B * K * sum |theta| * 4 for the tracked parameters (the input projection, its bias, the per-unit parameters)."""
+    if cell == "elstm":
+        return sensitivity_bytes(b, n, d)
+    lru = 2 * (2 * n * d + 3 * n)  # K = 2 times (B_re, B_im: 2 N D; nu, theta, gamma: 3 N), no input bias
+    return b * lru * 4 * (STACK_LAYERS if cell == "stack" else 1)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,35 +134,42 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--kinds", default=None, help="methods (default: tbptt,rtrl,reference,reference-inplace; quick: tbptt,rtrl)"
     )
-    ap.add_argument("--worker", nargs=5, metavar=("KIND", "B", "N", "D", "M"), help=argparse.SUPPRESS)
+    ap.add_argument("--shapes", default="atari,dmlab,lru,stack", help="comma-separated subset of atari,dmlab,lru,stack")
+    ap.add_argument("--worker", nargs=6, metavar=("KIND", "CELL", "B", "N", "D", "M"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        kind, *dims = args.worker
-        print(json.dumps(worker(kind, *map(int, dims), args.threads)))
+        kind, cell, *dims = args.worker
+        print(json.dumps(worker(kind, cell, *map(int, dims), args.threads)))
         return
 
     sys.path.insert(0, HERE)
-    shapes = (
-        {"atari": (8, 64, 65, 10), "dmlab": (8, 128, 65, 20)}
-        if args.quick
-        else {"atari": (32, 256, 257, 50), "dmlab": (32, 512, 257, 100)}
-    )
+    from rtrl_vs_tbptt import QUICK_SHAPES, SHAPES, load
+
+    table = QUICK_SHAPES if args.quick else SHAPES
+    names = [x for x in args.shapes.split(",") if x]
+    for name in names:
+        if name not in table:
+            ap.error(f"unknown shape {name!r}; choose from {sorted(table)}")
     kinds = [
         k
         for k in (args.kinds or ("tbptt,rtrl" if args.quick else "tbptt,rtrl,reference,reference-inplace")).split(",")
         if k
     ]
     mib = lambda x: "-" if x is None else f"{x / 2**20:.1f}"  # noqa: E731
+    print(load())
     print("peak memory of one update above what was live before it (MiB); carried = state kept between updates")
     print(
         f"{'shape':<7} {'M':>4} {'method':<18} {'carried':>8} {'peak(alloc)':>12} {'peak(rss)':>10} {'carried+peak':>13} {'sens':>6}"
     )
-    verdicts = []
-    for name, (b, n, d, m_seg) in shapes.items():
-        sens = sensitivity_bytes(b, n, d)
+    verdicts, carried_sens = [], {}
+    for name in names:
+        cell, b, n, d, m_seg = table[name]
+        sens = theory_bytes(cell, b, n, d)
         for m in (m_seg, 1):
             rows = {}
             for kind in kinds:
+                if kind.startswith("reference") and cell != "elstm":
+                    continue  # the hand-written references are for the eLSTM
                 cmd = [
                     sys.executable,
                     os.path.abspath(__file__),
@@ -148,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
                     str(args.threads),
                     "--worker",
                     kind,
+                    cell,
                     str(b),
                     str(n),
                     str(d),
@@ -159,6 +189,8 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 r = json.loads(out.stdout.strip().splitlines()[-1])
                 rows[kind] = r
+                if kind == "rtrl":
+                    carried_sens[name] = r["carried_sens"]
                 total = r["carried"] + r["peak_alloc"]
                 print(
                     f"{name:<7} {m:>4} {kind:<18} {mib(r['carried']):>8} {mib(r['peak_alloc']):>12} {mib(r['rss_peak']):>10} {mib(total):>13} {mib(sens):>6}"
@@ -172,14 +204,17 @@ def main(argv: list[str] | None = None) -> None:
                     - rows["tbptt"]["peak_alloc"]
                 ) / sens
                 verdicts.append((name, m, extra, extra_total))
+    print(load())
     print()
-    print(
-        "theoretical sensitivity bytes (fp32, B streams): "
-        + ", ".join(
-            f"{k} {sensitivity_bytes(*v[:3]) / 2**20:.2f} MiB ({sensitivity_bytes(1, *v[1:3]) / 2**20:.3f} MiB per stream)"
-            for k, v in shapes.items()
+    for name in names:
+        cell, b, n, d, _ = table[name]
+        theory = theory_bytes(cell, b, n, d)
+        got = carried_sens.get(name)
+        same = "" if got is None else (" = theory" if got == theory else f" != theory ({mib(got)} MiB carried)")
+        print(
+            f"sensitivity bytes {name} ({cell}): theory B*K*sum|theta|*4 = {theory / 2**20:.2f} MiB "
+            f"({theory / b / 2**20:.3f} MiB per stream); carried by RTRL: {'-' if got is None else f'{got / 2**20:.2f} MiB'}{same}"
         )
-    )
     for name, m, extra, extra_total in verdicts:
         print(
             f"{name} M={m}: RTRL peak above start = TBPTT + {extra:.2f} x sensitivity bytes; with the carried state: TBPTT + {extra_total:.2f} x"

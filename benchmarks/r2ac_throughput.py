@@ -57,10 +57,12 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+import types
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 # libgomp's default busy-wait makes torch's 2-thread kernels up to ~60x slower when the cores are shared with other
@@ -71,7 +73,20 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-CONFIGS = ("env", "r2ac-rtrl", "r2ac-tbptt", "recurrentppo")
+CONFIGS = ("env", "r2ac-rtrl", "r2ac-tbptt", "recurrentppo")  # the default set (no peer installed)
+PEERS_SF = ("sample-factory", "env-sf")  # run with the sample-factory virtualenv's interpreter
+PEERS_CLEANRL = ("cleanrl-matched", "cleanrl", "env-cleanrl")  # run with the cleanrl virtualenv's interpreter
+OPTIONAL = ("r2ac-rtrl-nchw", "r2ac-rtrl-overlap", *PEERS_SF, *PEERS_CLEANRL)
+ENV_OF = {  # the bare env stack each configuration's env cost is taken from (env-subtracted cost)
+    "r2ac-rtrl": "env",
+    "r2ac-tbptt": "env",
+    "r2ac-rtrl-nchw": "env",
+    "r2ac-rtrl-overlap": "env",
+    "recurrentppo": "env",
+    "sample-factory": "env-sf",
+    "cleanrl": "env-cleanrl",
+    "cleanrl-matched": "env-cleanrl",
+}
 FRAME_SKIP = 4
 _RESULT = "RESULT "  # prefix of a worker's result line on stdout
 
@@ -156,6 +171,19 @@ def sb3_vec_env(env: TimedEnv):
     return SB3VecEnv(env)
 
 
+def nchw_stem_forward(stem: Any, obs: Any) -> Any:
+    """``NatureStem`` / ``ImpalaStem`` forward as it was before issue 15 (contiguous NCHW activations, scaling by a
+    division after the conversion): the ``r2ac-rtrl-nchw`` configuration, to measure what the channels-last stems
+    and the one-op scaling changed. Same parameters, same outputs to ~1e-7."""
+    import torch
+
+    x = obs.to(stem.fc.weight.dtype) / 255.0 if obs.dtype == torch.uint8 else obs.to(stem.fc.weight.dtype)
+    x = stem.convs(x)
+    if type(stem).__name__ == "ImpalaStem":
+        x = torch.relu(x)
+    return torch.relu(stem.fc(x.flatten(1)))
+
+
 # ----------------------------------------------------------------------------------------------
 # Workers: one configuration, warm-up then timed updates
 # ----------------------------------------------------------------------------------------------
@@ -179,6 +207,15 @@ class Options:
     """Seeds torch and the envs."""
     ppo_lstm: str = "shared"
     """RecurrentPPO: "shared" (one LSTM for policy and value, as R2AC's one core) or "separate" (SB3's default)."""
+    stem: str = "nature"
+    """R2AC's stem: "nature" (matched to the peers' Nature CNN) or "impala" (the paper's)."""
+    cleanrl_dir: str = ""
+    """cleanrl checkout (holds cleanrl/ppo_atari_lstm.py and cleanrl_utils/), for the cleanrl configurations."""
+    sf_workers: int = 2
+    """sample-factory rollout worker processes; each steps num_envs / sf_workers envs."""
+    sf_splits: int = 2
+    """sample-factory ``worker_num_splits``: 2 = double-buffered sampling (half a worker's envs step while the
+    other half waits for actions)."""
 
 
 @dataclass
@@ -186,8 +223,10 @@ class RunResult:
     """Per-update samples of one run (seconds)."""
 
     config: str
+    frames_per_update: int = 0  # env frames (agent steps x 4) per update
     update: list[float] = field(default_factory=list)  # wall clock, whole update
-    cpu: list[float] = field(default_factory=list)  # process CPU time (all threads, ALE's included)
+    # CPU time of all threads (ALE's included; sample-factory: all its processes)
+    cpu: list[float] = field(default_factory=list)
     env: list[float] = field(default_factory=list)  # inside the vector env's step
     rollout: list[float] = field(default_factory=list)  # collecting the M steps (acting + env + bookkeeping)
     phases: dict[str, float] = field(default_factory=dict)  # --profile: seconds per phase over the timed updates
@@ -198,16 +237,21 @@ class _Marks:
     the differences of the updates after the warm-up ones."""
 
     def __init__(
-        self, result: RunResult, warmup: int, env_seconds: Callable[[], float], rollout_seconds: Callable[[], float]
+        self,
+        result: RunResult,
+        warmup: int,
+        env_seconds: Callable[[], float],
+        rollout_seconds: Callable[[], float],
+        cpu_seconds: Callable[[], float] = time.process_time,
     ) -> None:
         self.result, self.warmup = result, warmup
-        self.env_seconds, self.rollout_seconds = env_seconds, rollout_seconds
+        self.env_seconds, self.rollout_seconds, self.cpu_seconds = env_seconds, rollout_seconds, cpu_seconds
         self.count = 0
         self.last: tuple[float, float, float, float] | None = None
 
     def mark(self) -> bool:
         """End of an update (the first call: the start of the first); returns True if it was a timed one."""
-        now = (time.perf_counter(), time.process_time(), self.env_seconds(), self.rollout_seconds())
+        now = (time.perf_counter(), self.cpu_seconds(), self.env_seconds(), self.rollout_seconds())
         if self.last is None:
             self.last = now
             return False
@@ -227,7 +271,7 @@ def run_env(opts: Options) -> RunResult:
     import numpy as np
 
     env = make_env(opts.env_id, opts.num_envs, opts.seed)
-    result = RunResult("env")
+    result = RunResult("env", opts.M * opts.num_envs * FRAME_SKIP)
     rng = np.random.default_rng(opts.seed)
     n = int(env.single_action_space.n)
     marks = _Marks(result, opts.warmup, lambda: env.step_seconds, lambda: env.step_seconds)
@@ -241,7 +285,9 @@ def run_env(opts: Options) -> RunResult:
     return result
 
 
-def run_r2ac(opts: Options, method: str, profile: bool = False) -> RunResult:
+def run_r2ac(
+    opts: Options, method: str, profile: bool = False, nchw_stem: bool = False, overlap: bool = False
+) -> RunResult:
     import lightning as L
     from lightning.pytorch.callbacks import Callback
 
@@ -278,12 +324,41 @@ def run_r2ac(opts: Options, method: str, profile: bool = False) -> RunResult:
                         self.rollout_seconds += time.perf_counter() - t0
 
                 stream.next_segment, stream._timed = next_segment, True
+                if overlap:
+                    stream.next_segment = prefetching(next_segment)
             return loader
+
+        def teardown(self, stage: str) -> None:
+            if self.pending is not None:  # let the prefetching thread finish before the env closes
+                self.pending.result()
+                self.pending = None
+            super().teardown(stage)
+
+        pending: Any = None
+
+    def prefetching(collect: Callable[[int], Any]) -> Callable[[int], Any]:
+        """The overlap prototype: hands out the segment collected in the background and at once starts collecting
+        the next one on a thread, so acting + env stepping for segment k + 1 overlap the learner's update on segment
+        k. The actor then acts with weights one update old and reads them while the optimiser writes them in place:
+        a timing prototype, not a correct implementation (see docs/performance.md#overlapping-acting-with-learning)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(1, thread_name_prefix="prefetch")
+
+        def next_segment(m: int):
+            seg = dm.pending.result() if dm.pending is not None else collect(m)
+            dm.pending = pool.submit(collect, m)
+            return seg
+
+        return next_segment
 
     dm = TimedRollouts(lambda n, seed: make_env(opts.env_id, n, seed), num_envs=opts.num_envs, seed=opts.seed)
     obs_shape, num_actions, _ = dm.env_spaces()
-    model = R2AC(num_actions, obs_shape, cell="elstm", hidden_size=256, stem="nature", fc_size=256)
-    result = RunResult(f"r2ac-{method}")
+    model = R2AC(num_actions, obs_shape, cell="elstm", hidden_size=256, stem=opts.stem, fc_size=256)
+    if nchw_stem:  # the stem as before issue 15, for the before/after comparison
+        model.stem.forward = types.MethodType(nchw_stem_forward, model.stem)
+    name = f"r2ac-{method}" + ("-nchw" if nchw_stem else "") + ("-overlap" if overlap else "")
+    result = RunResult(name, opts.M * opts.num_envs * FRAME_SKIP)
     marks = _Marks(result, opts.warmup, lambda: dm.stream.env.step_seconds, lambda: dm.rollout_seconds)
 
     class Timer(Callback):
@@ -349,7 +424,7 @@ def run_recurrentppo(opts: Options) -> RunResult:
         seed=opts.seed,
         verbose=0,
     )
-    result = RunResult("recurrentppo")
+    result = RunResult("recurrentppo", m * b * FRAME_SKIP)
     rollout = {"seconds": 0.0, "start": 0.0}
     marks = _Marks(result, opts.warmup, lambda: venv.step_seconds, lambda: rollout["seconds"])
 
@@ -369,17 +444,305 @@ def run_recurrentppo(opts: Options) -> RunResult:
     return result
 
 
-def run_config(config: str, opts: Options, profile: bool = False) -> RunResult:
+# ----------------------------------------------------------------------------------------------
+# Peers in their own virtual environments (gymnasium 0.29, ale-py 0.9.1, numpy < 2): these workers run under the
+# peer's interpreter (--peers / --sf-python / --cleanrl-python); the orchestrator only reads their RESULT line.
+# ----------------------------------------------------------------------------------------------
+def atari_game(env_id: str) -> str:
+    """The game of an ALE id, "ALE/Breakout-v5" -> "Breakout" (the peers use gymnasium 0.29's v4 ids and their own wrapper stacks)."""
+    return env_id.split("/", 1)[-1].split("-", 1)[0]
+
+
+def tree_cpu_seconds() -> float:
+    """CPU time (user + system) of this process and all its descendants (sample-factory's workers)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:  # a process that just exited
+            pass
+    return total
+
+
+def sf_make_atari_env(env_name, cfg, env_config, render_mode=None):
+    """sample-factory's own Atari env (sf_examples.atari.atari_utils.make_atari_env); imports ale_py first, which
+    registers the v4 ids with gymnasium 0.29. Module level, so that sample-factory's spawned workers can unpickle it."""
+    import ale_py  # noqa: F401
+    from sf_examples.atari.atari_utils import make_atari_env
+
+    return make_atari_env(env_name, cfg, env_config, render_mode=render_mode)
+
+
+def sf_config(opts: Options, updates: int):
+    """sample-factory 2.1.1 APPO matched to R2AC: Nature CNN (convnet_atari) with fc 256, one LSTM layer of 256,
+    4 stacked 84x84 gray frames scaled by 1/255 (no running input normalisation), opts.num_envs envs in
+    ``sf_workers`` processes, rollout = recurrence = M, one batch of M x B samples per training iteration, one epoch.
+    ``with_vtrace=False``: V-trace crashes in 2.1.1, so this is PPO's clipped loss with GAE. Asynchronous (the
+    workers keep stepping while the learner trains; sample-factory's default for Atari is synchronous)."""
+    from sample_factory.envs.env_utils import register_env
+    from sf_examples.atari.train_atari import parse_atari_args
+
+    name = f"atari_{atari_game(opts.env_id).lower()}"
+    register_env(name, sf_make_atari_env)
+    if opts.num_envs % opts.sf_workers:
+        raise ValueError(f"num_envs = {opts.num_envs} is not a multiple of sf_workers = {opts.sf_workers}")
+    m, b = opts.M, opts.num_envs
+    argv = [
+        f"--env={name}",
+        "--experiment=r2ac_throughput",
+        f"--train_dir={tempfile.mkdtemp(prefix='sf-bench-')}",
+        "--device=cpu",
+        f"--seed={opts.seed}",
+        f"--num_workers={opts.sf_workers}",
+        f"--num_envs_per_worker={b // opts.sf_workers}",
+        f"--worker_num_splits={opts.sf_splits}",
+        f"--rollout={m}",
+        f"--recurrence={m}",
+        f"--batch_size={m * b}",
+        "--num_epochs=1",
+        "--num_batches_per_epoch=1",
+        "--use_rnn=True",
+        "--rnn_type=lstm",
+        "--rnn_size=256",
+        "--rnn_num_layers=1",
+        "--encoder_conv_mlp_layers",
+        "256",
+        "--normalize_input=False",
+        "--with_vtrace=False",
+        "--async_rl=True",
+        "--serial_mode=False",
+        f"--train_for_env_steps={(updates + 2) * m * b * FRAME_SKIP}",
+        "--save_every_sec=1000000",
+        "--save_best_every_sec=1000000",
+        "--experiment_summaries_interval=1000000",
+    ]
+    return name, parse_atari_args(argv)
+
+
+def run_sample_factory(opts: Options) -> RunResult:
+    """sample-factory's APPO (see :func:`sf_config`); an update is one training iteration (one batch of M x B agent
+    steps), timed in the runner process by an ``AlgoObserver.on_training_step`` from one to the next; CPU time is the
+    whole process tree's (runner, learner, inference and rollout workers)."""
+    from sample_factory.algo.runners.runner import AlgoObserver
+    from sample_factory.train import make_runner
+
+    total = opts.warmup + opts.updates
+    _, cfg = sf_config(opts, total)
+    cfg, runner = make_runner(cfg)
+    result = RunResult("sample-factory", opts.M * opts.num_envs * FRAME_SKIP)
+    marks = _Marks(result, opts.warmup, lambda: 0.0, lambda: 0.0, cpu_seconds=tree_cpu_seconds)
+
+    class Timer(AlgoObserver):
+        def on_training_step(self, runner, training_iteration_since_resume: int) -> None:
+            if len(result.update) < opts.updates:
+                marks.mark()  # the first call: end of the first iteration = start of the first warm-up one
+
+    runner.register_observer(Timer())
+    status = runner.init()
+    if status == 0:
+        status = runner.run()
+    if status != 0 or len(result.update) < opts.updates:
+        raise RuntimeError(f"sample-factory exited with status {status} after {len(result.update)} timed updates")
+    result.env = result.rollout = []  # inside the workers: not measured
+    return result
+
+
+def run_env_sf(opts: Options) -> RunResult:
+    """sample-factory's env stack alone: num_envs of its Atari envs (gymnasium 0.29 + its wrappers, frame stack 4)
+    stepped one after another with random actions in one process, M steps each per "update"."""
+    import numpy as np
+
+    name, cfg = sf_config(opts, 1)
+    envs = [sf_make_atari_env(name, cfg, None) for _ in range(opts.num_envs)]
+    for i, e in enumerate(envs):
+        e.reset(seed=opts.seed + i)
+    rng = np.random.default_rng(opts.seed)
+    result = RunResult("env-sf", opts.M * opts.num_envs * FRAME_SKIP)
+    clock = {"env": 0.0}
+    marks = _Marks(result, opts.warmup, lambda: clock["env"], lambda: clock["env"])
+    marks.mark()
+    n = int(envs[0].action_space.n)
+    for _ in range(opts.warmup + opts.updates):
+        for _ in range(opts.M):
+            t0 = time.perf_counter()
+            for e, a in zip(envs, rng.integers(0, n, size=len(envs))):
+                _, _, term, trunc, _ = e.step(int(a))
+                if term or trunc:
+                    e.reset()
+            clock["env"] += time.perf_counter() - t0
+        marks.mark()
+    for e in envs:
+        e.close()
+    return result
+
+
+# cleanrl's ppo_atari_lstm.py with R2AC's network: 4 stacked frames into the Nature CNN, fc 256, LSTM 256. Exact
+# substrings of the script (commit fe8d8a03); each must occur once, else the worker stops with a message.
+CLEANRL_MATCHED_EDITS = (
+    ("gym.wrappers.FrameStack(env, 1)", "gym.wrappers.FrameStack(env, 4)"),
+    ("nn.Conv2d(1, 32, 8, stride=4)", "nn.Conv2d(4, 32, 8, stride=4)"),
+    ("nn.Linear(64 * 7 * 7, 512)", "nn.Linear(64 * 7 * 7, 256)"),
+    ("nn.LSTM(512, 128)", "nn.LSTM(256, 256)"),
+    ("nn.Linear(128, envs.single_action_space.n)", "nn.Linear(256, envs.single_action_space.n)"),
+    ("nn.Linear(128, 1)", "nn.Linear(256, 1)"),
+)
+CLEANRL_SCRIPT = os.path.join("cleanrl", "ppo_atari_lstm.py")
+CLEANRL_STEPS = 128  # the script's num_steps (its rollout length per env)
+
+
+def cleanrl_source(opts: Options, matched: bool) -> tuple[str, str]:
+    path = os.path.join(opts.cleanrl_dir, CLEANRL_SCRIPT)
+    with open(path) as fh:
+        src = fh.read()
+    if matched:
+        for old, new in CLEANRL_MATCHED_EDITS:
+            if src.count(old) != 1:
+                raise RuntimeError(
+                    f"{path}: expected {old!r} once (cleanrl commit fe8d8a03), found {src.count(old)}; "
+                    "the matched-network edit does not apply to this version of the script"
+                )
+            src = src.replace(old, new)
+    return path, src
+
+
+def exec_as_module(src: str, path: str, name: str) -> dict[str, Any]:
+    """Runs ``src`` as the module ``name`` (registered in ``sys.modules`` while it runs, as dataclasses and tyro need;
+    the previous entry is put back) and returns its namespace."""
+    module = types.ModuleType(name)
+    module.__file__ = path
+    previous = sys.modules.get(name)
+    sys.modules[name] = module
+    try:
+        exec(compile(src, path, "exec"), module.__dict__)  # noqa: S102  (the peer's script, by the user's choice)
+    finally:
+        if previous is not None:
+            sys.modules[name] = previous
+    return module.__dict__
+
+
+def run_cleanrl(opts: Options, matched: bool, quick: bool = False) -> RunResult:
+    """cleanrl's ppo_atari_lstm.py, executed unchanged (``matched=False``: its network and hyper-parameters, 128 steps
+    x 8 envs, 4 epochs x 4 minibatches) or with R2AC's network (:data:`CLEANRL_MATCHED_EDITS`) and one gradient pass
+    per rollout of M steps (``--num-steps M --num-minibatches 1 --update-epochs 1``). Its own env stack: gymnasium
+    0.29 ``SyncVectorEnv`` of ``<Game>NoFrameskip-v4`` with its Python wrappers. An update is one iteration of its
+    loop (rollout + GAE + optimisation), marked at its first ``SummaryWriter.add_scalar`` after the optimisation."""
+    import ale_py  # noqa: F401  (registers the v4 ids)
+    import gymnasium as gym
+    from torch.utils.tensorboard import SummaryWriter
+
+    path, src = cleanrl_source(opts, matched)
+    steps = opts.M if matched else (4 * opts.M if quick else CLEANRL_STEPS)
+    if not matched and not quick:  # its iterations are 4x longer (128 steps, 4 epochs): about the same frames in all
+        opts = replace(opts, warmup=max(1, opts.warmup // 3), updates=max(3, opts.updates * opts.M // steps))
+    iterations = 1 + opts.warmup + opts.updates  # the first one ends before the first mark
+    argv = [
+        path,
+        "--env-id",
+        f"{atari_game(opts.env_id)}NoFrameskip-v4",
+        "--num-envs",
+        str(opts.num_envs),
+        "--num-steps",
+        str(steps),
+        "--total-timesteps",
+        str(iterations * steps * opts.num_envs),
+        "--seed",
+        str(opts.seed),
+    ]
+    if matched:
+        argv += ["--num-minibatches", "1", "--update-epochs", "1"]
+    result = RunResult("cleanrl-matched" if matched else "cleanrl", steps * opts.num_envs * FRAME_SKIP)
+    clock = {"env": 0.0, "rollout": 0.0, "last_step_end": None, "mark": None}
+    marks = _Marks(result, opts.warmup, lambda: clock["env"], lambda: clock["rollout"])
+
+    step = gym.vector.SyncVectorEnv.step
+
+    def timed_step(self, actions):
+        t0 = time.perf_counter()
+        try:
+            return step(self, actions)
+        finally:
+            clock["last_step_end"] = now = time.perf_counter()
+            clock["env"] += now - t0
+
+    add_scalar = SummaryWriter.add_scalar
+
+    def marking_add_scalar(self, tag, *args, **kwargs):
+        if tag == "charts/learning_rate":  # the first scalar written after an iteration's optimisation
+            if clock["mark"] is not None and clock["last_step_end"] is not None:
+                clock["rollout"] += clock["last_step_end"] - clock["mark"]  # mark -> last env step of the rollout
+            marks.mark()
+            clock["mark"] = time.perf_counter()
+        return add_scalar(self, tag, *args, **kwargs)
+
+    gym.vector.SyncVectorEnv.step = timed_step
+    SummaryWriter.add_scalar = marking_add_scalar
+    sys.path.insert(0, opts.cleanrl_dir)  # cleanrl_utils.atari_wrappers
+    old_argv, old_cwd = sys.argv, os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="cleanrl-bench-") as tmp:
+        sys.argv = argv
+        os.chdir(tmp)  # the script writes runs/<name>/ (TensorBoard) into the working directory
+        try:
+            exec_as_module(src, path, "__main__")
+        finally:
+            sys.argv = old_argv
+            os.chdir(old_cwd)
+    return result
+
+
+def run_env_cleanrl(opts: Options) -> RunResult:
+    """cleanrl's env stack alone (its ``make_env`` with 4 stacked frames, as in the matched configuration, in a
+    ``SyncVectorEnv``), stepped with random actions, M vector steps per "update"."""
+    import ale_py  # noqa: F401
+    import gymnasium as gym
+    import numpy as np
+
+    path, src = cleanrl_source(opts, matched=True)
+    sys.path.insert(0, opts.cleanrl_dir)
+    ns = exec_as_module(
+        src, path, "cleanrl_ppo_atari_lstm"
+    )  # defines make_env, Agent, ...; its main block does not run
+    env_id = f"{atari_game(opts.env_id)}NoFrameskip-v4"
+    env = TimedEnv(gym.vector.SyncVectorEnv([ns["make_env"](env_id, i, False, "bench") for i in range(opts.num_envs)]))
+    result = RunResult("env-cleanrl", opts.M * opts.num_envs * FRAME_SKIP)
+    rng = np.random.default_rng(opts.seed)
+    n = int(env.single_action_space.n)
+    marks = _Marks(result, opts.warmup, lambda: env.step_seconds, lambda: env.step_seconds)
+    env.reset(seed=opts.seed)
+    marks.mark()
+    for _ in range(opts.warmup + opts.updates):
+        for _ in range(opts.M):
+            env.step(rng.integers(0, n, size=opts.num_envs))
+        marks.mark()
+    env.close()
+    return result
+
+
+def run_config(config: str, opts: Options, profile: bool = False, quick: bool = False) -> RunResult:
     import torch
 
     torch.set_num_threads(opts.threads)
     if config == "env":
         return run_env(opts)
-    if config in ("r2ac-rtrl", "r2ac-tbptt"):
-        return run_r2ac(opts, config.split("-")[1], profile=profile)
+    if config in ("r2ac-rtrl", "r2ac-tbptt", "r2ac-rtrl-nchw", "r2ac-rtrl-overlap"):
+        method = config.split("-")[1]
+        return run_r2ac(
+            opts, method, profile=profile, nchw_stem=config.endswith("-nchw"), overlap=config.endswith("-overlap")
+        )
     if config == "recurrentppo":
         return run_recurrentppo(opts)
-    raise ValueError(f"unknown configuration {config!r}; choose from {CONFIGS}")
+    if config == "sample-factory":
+        return run_sample_factory(opts)
+    if config == "env-sf":
+        return run_env_sf(opts)
+    if config in ("cleanrl", "cleanrl-matched"):
+        return run_cleanrl(opts, matched=config == "cleanrl-matched", quick=quick)
+    if config == "env-cleanrl":
+        return run_env_cleanrl(opts)
+    raise ValueError(f"unknown configuration {config!r}; choose from {CONFIGS + OPTIONAL}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -509,11 +872,32 @@ class PhaseProbe:
 # ----------------------------------------------------------------------------------------------
 # Orchestration
 # ----------------------------------------------------------------------------------------------
-def run_subprocess(config: str, opts: Options, profile: bool = False) -> RunResult:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", config, "--worker-options", json.dumps(asdict(opts))]
+def run_subprocess(
+    config: str,
+    opts: Options,
+    profile: bool = False,
+    python: str | None = None,
+    quick: bool = False,
+    timeout: float | None = None,
+) -> RunResult:
+    """One run of ``config`` in a fresh process of ``python`` (default: this interpreter) running this script."""
+    cmd = [
+        python or sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        config,
+        "--worker-options",
+        json.dumps(asdict(opts)),
+    ]
     if profile:
         cmd.append("--profile")
-    out = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=REPO)
+    if quick:
+        cmd.append("--quick")
+    try:
+        out = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=REPO, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        sys.exit(f"FAIL: the {config} worker did not finish within {timeout:.0f} s:\n{err[-4000:]}")
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith(_RESULT)]
     if out.returncode != 0 or not lines:
         sys.exit(f"FAIL: the {config} worker exited with {out.returncode}:\n{out.stderr[-4000:]}")
@@ -523,29 +907,45 @@ def run_subprocess(config: str, opts: Options, profile: bool = False) -> RunResu
 @dataclass
 class Summary:
     config: str
+    frames_per_update: int
     update_s: float  # median over runs of each run's median
     min_s: float
-    cpu_s: float
-    env_share: float
-    rollout_share: float
+    cpu_s: float  # median over runs of each run's median CPU time per update
+    env_share: float | None  # None where not measured (sample-factory steps its envs in other processes)
+    rollout_share: float | None
     runs: int
+    fps_runs: list[float]  # each run's frames/s (from its median update)
+
+    @property
+    def fps(self) -> float:
+        return self.frames_per_update / self.update_s
+
+    @property
+    def cpu_per_k(self) -> float:
+        """CPU seconds per 1 k frames."""
+        return 1000.0 * self.cpu_s / self.frames_per_update
 
 
 def summarise(config: str, runs: list[RunResult]) -> Summary:
     med = statistics.median
     per_run = [med(r.update) for r in runs]
 
-    def share(part: str) -> float:
+    def share(part: str) -> float | None:
+        if not all(getattr(r, part) for r in runs):
+            return None
         return med([sum(getattr(r, part)) / sum(r.update) for r in runs])
 
+    frames = runs[0].frames_per_update
     return Summary(
         config,
+        frames,
         med(per_run),
         min(min(r.update) for r in runs),
         med([med(r.cpu) for r in runs]),
         share("env"),
         share("rollout"),
         len(runs),
+        [frames / u for u in per_run],
     )
 
 
@@ -592,9 +992,37 @@ def print_profile(opts: Options, in_process: bool) -> None:
     print(f"load average after: {load()}")
 
 
+def resolve_peers(args: argparse.Namespace) -> tuple[str | None, str | None, str | None]:
+    """(sample-factory python, cleanrl python, cleanrl checkout) from --peers DIR and the explicit options."""
+    sf_python, cleanrl_python, cleanrl_dir = args.sf_python, args.cleanrl_python, args.cleanrl_dir
+    if args.peers:
+        root = os.path.expanduser(args.peers)
+        found = lambda *parts: p if os.path.exists(p := os.path.join(root, *parts)) else None  # noqa: E731
+        sf_python = sf_python or found("sf-venv", "bin", "python")
+        cleanrl_python = cleanrl_python or found("cleanrl-venv", "bin", "python")
+        cleanrl_dir = cleanrl_dir or found("cleanrl")
+    if cleanrl_dir and not os.path.exists(os.path.join(cleanrl_dir, CLEANRL_SCRIPT)):
+        cleanrl_dir = None
+    return sf_python, cleanrl_python, (cleanrl_dir if cleanrl_python else None)
+
+
+PEER_SETUP = """the peers live in their own virtualenvs (see benchmarks/README.md#peers), e.g.
+  python3 -m venv ~/peers/sf-venv && ~/peers/sf-venv/bin/pip install torch==2.13.0 sample-factory==2.1.1 gymnasium==0.29.1 ale-py==0.9.1 'numpy<2'
+  python3 -m venv ~/peers/cleanrl-venv && ~/peers/cleanrl-venv/bin/pip install torch==2.13.0 gymnasium==0.29.1 ale-py==0.9.1 'numpy<2' tyro opencv-python-headless tensorboard
+  git clone https://github.com/vwxyzjn/cleanrl ~/peers/cleanrl && git -C ~/peers/cleanrl checkout fe8d8a03
+then pass --peers ~/peers (or set ONLINEREC_PEERS)"""
+
+NOT_LIKE_FOR_LIKE = """not like for like: sample-factory is asynchronous (its 2 rollout worker processes keep stepping while the learner
+  trains; policy lag) and its learner and workers use 1 torch thread each; the peers use gymnasium 0.29's Python
+  Atari wrappers on <Game>NoFrameskip-v4 (no sticky actions), onlinerec ale-py's C++ vector env on ALE/<Game>-v5
+  (sticky actions 0.25); cores: R2AC an eLSTM, the peers a full LSTM; losses: R2AC V-trace actor-critic with
+  RMSProp, the peers PPO's clipped loss with GAE and Adam; cleanrl as shipped: its own network (1 frame, fc 512,
+  LSTM 128), 128 steps and 4 epochs x 4 minibatches per rollout. Compare the env-subtracted CPU cost for the agents."""
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=PEER_SETUP
     )
     ap.add_argument("--env", default="ALE/Breakout-v5", help="Atari env id (default ALE/Breakout-v5)")
     ap.add_argument("--num-envs", type=int, default=8, help="B, parallel envs (default 8)")
@@ -602,13 +1030,37 @@ def main(argv: list[str] | None = None) -> None:
         "--M",
         type=int,
         default=None,
-        help="rollout length = R2AC segment = RecurrentPPO n_steps (default 32, quick: 8)",
+        help="rollout length = R2AC segment = RecurrentPPO n_steps = sample-factory rollout (default 32, quick: 8)",
     )
     ap.add_argument("--updates", type=int, default=None, help="timed updates per run (default 12, quick: 2)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed updates first (default 3, quick: 1)")
     ap.add_argument("--reps", type=int, default=None, help="runs per configuration, interleaved (default 5, quick: 1)")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads (default: all cores)")
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of: " + ",".join(CONFIGS))
+    ap.add_argument(
+        "--configs",
+        default=None,
+        help="comma-separated subset of: "
+        + ",".join(CONFIGS + OPTIONAL)
+        + " (default: "
+        + ",".join(CONFIGS)
+        + ", plus the peers that --peers finds)",
+    )
+    ap.add_argument(
+        "--stem", choices=("nature", "impala"), default="nature", help="R2AC's stem (default nature, the peers' CNN)"
+    )
+    ap.add_argument(
+        "--peers",
+        default=os.environ.get("ONLINEREC_PEERS"),
+        metavar="DIR",
+        help="folder with sf-venv/, cleanrl-venv/ and a cleanrl checkout cleanrl/ (default $ONLINEREC_PEERS); "
+        "adds the peers found there to the default configurations",
+    )
+    ap.add_argument("--sf-python", default=None, help="python of a virtualenv with sample-factory 2.1.1")
+    ap.add_argument("--cleanrl-python", default=None, help="python of a virtualenv for cleanrl's ppo_atari_lstm.py")
+    ap.add_argument("--cleanrl-dir", default=None, help="cleanrl checkout (cleanrl/ppo_atari_lstm.py, cleanrl_utils/)")
+    ap.add_argument(
+        "--sf-workers", type=int, default=2, help="sample-factory rollout worker processes (default 2, x 4 envs each)"
+    )
     ap.add_argument(
         "--ppo-lstm",
         choices=("shared", "separate"),
@@ -616,13 +1068,26 @@ def main(argv: list[str] | None = None) -> None:
         help="RecurrentPPO: one LSTM for policy and value (matched to R2AC's one core; default) or SB3's default second critic LSTM",
     )
     ap.add_argument(
-        "--in-process", action="store_true", help="run every configuration in this process (default with --quick)"
+        "--in-process",
+        action="store_true",
+        help="run onlinerec's and SB3's configurations in this process (default with --quick; peers always run in their own interpreter)",
     )
     ap.add_argument(
         "--profile", action="store_true", help="print where R2AC's time goes (RTRL and TBPTT) instead of the comparison"
     )
     ap.add_argument(
-        "--quick", action="store_true", help="smoke run: M = 8, 1 warm-up + 2 timed updates, 1 repetition, in process"
+        "--quick",
+        action="store_true",
+        help="smoke run: M = 8, 1 warm-up + 2 timed updates, 1 repetition, in process (cleanrl as shipped: 32 steps)",
+    )
+    ap.add_argument(
+        "--worker-timeout", type=float, default=1200.0, help="seconds before a worker run is abandoned (default 1200)"
+    )
+    ap.add_argument(
+        "--save",
+        default=None,
+        metavar="JSONL",
+        help="append every run's per-update samples to this file as it finishes (a long run that fails keeps them)",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -631,10 +1096,11 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.worker:
         opts = Options(**json.loads(args.worker_options))
-        result = run_config(args.worker, opts, profile=args.profile)
+        result = run_config(args.worker, opts, profile=args.profile, quick=args.quick)
         print(_RESULT + json.dumps(asdict(result)), flush=True)
         return
 
+    sf_python, cleanrl_python, cleanrl_dir = resolve_peers(args)
     q = args.quick
     opts = Options(
         env_id=args.env,
@@ -645,72 +1111,140 @@ def main(argv: list[str] | None = None) -> None:
         threads=args.threads,
         seed=args.seed,
         ppo_lstm=args.ppo_lstm,
+        stem=args.stem,
+        cleanrl_dir=os.path.abspath(cleanrl_dir) if cleanrl_dir else "",
+        sf_workers=args.sf_workers,
     )
     if opts.warmup < 1:
         ap.error("--warmup must be >= 1 (the first update includes building the envs and the first reset)")
     reps = args.reps or (1 if q else 5)
     in_process = args.in_process or q
-    configs = [c for c in args.configs.split(",") if c]
+    if args.configs is None:
+        configs = list(CONFIGS) + (list(PEERS_SF) if sf_python else []) + (list(PEERS_CLEANRL) if cleanrl_dir else [])
+    else:
+        configs = [c for c in args.configs.split(",") if c]
     for c in configs:
-        if c not in CONFIGS:
-            ap.error(f"unknown configuration {c!r}; choose from {CONFIGS}")
+        if c not in CONFIGS + OPTIONAL:
+            ap.error(f"unknown configuration {c!r}; choose from {CONFIGS + OPTIONAL}")
+        if c in PEERS_SF and not sf_python:
+            ap.error(f"{c} needs sample-factory in its own virtualenv: --sf-python or --peers.\n{PEER_SETUP}")
+        if c in PEERS_CLEANRL and not cleanrl_dir:
+            ap.error(
+                f"{c} needs cleanrl's script and a virtualenv for it: --cleanrl-python/--cleanrl-dir or --peers.\n{PEER_SETUP}"
+            )
     if "recurrentppo" in configs:
         try:
             import sb3_contrib  # noqa: F401
         except ImportError:
             ap.error("recurrentppo needs sb3-contrib: pip install -e '.[bench]' (or leave it out with --configs)")
+    python_of = {c: sf_python for c in PEERS_SF} | {c: cleanrl_python for c in PEERS_CLEANRL}
 
     print(f"machine: {machine(opts.threads)}")
     print(f"load average before: {load()}")
     print(
         f"setup: {opts.env_id}, B = {opts.num_envs} envs, M = {opts.M} steps per update ({opts.M * opts.num_envs * FRAME_SKIP} frames), "
         f"{opts.warmup} warm-up + {opts.updates} timed updates per run, {reps} interleaved runs per configuration"
-        f"{' (in process)' if in_process else ' (fresh subprocess each)'}; RecurrentPPO LSTM: {opts.ppo_lstm}"
+        f"{' (in process)' if in_process else ' (fresh subprocess each)'}; R2AC stem: {opts.stem}; RecurrentPPO LSTM: {opts.ppo_lstm}"
     )
+    if sf_python or cleanrl_dir:
+        print(f"peers: sample-factory {sf_python or '-'}; cleanrl {cleanrl_python or '-'} with {cleanrl_dir or '-'}")
     if args.profile:
         print_profile(opts, in_process)
         return
+
+    def run_one(c: str) -> RunResult:
+        if c in python_of:
+            return run_subprocess(c, opts, python=python_of[c], quick=q, timeout=args.worker_timeout)
+        if in_process:
+            return run_config(c, opts, quick=q)
+        return run_subprocess(c, opts, quick=q, timeout=args.worker_timeout)
 
     runs: dict[str, list[RunResult]] = {c: [] for c in configs}
     for rep in range(reps):
         order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
         for c in order:
-            runs[c].append(run_config(c, opts) if in_process else run_subprocess(c, opts))
+            runs[c].append(run_one(c))
+            if args.save:
+                with open(args.save, "a") as fh:
+                    fh.write(json.dumps({"rep": rep, **asdict(runs[c][-1])}) + "\n")
     summaries = {c: summarise(c, rs) for c, rs in runs.items()}
+    report(summaries, runs, opts)
 
-    steps = opts.M * opts.num_envs
-    print()
-    print("per update (collect M steps from B envs + one gradient pass; env: M vector steps), medians over runs")
-    print(
-        f"{'config':<14} {'frames/s':>9} {'steps/s':>8} {'s/update':>9} {'min s':>7} {'cpu s':>7} {'env %':>6} {'rollout %':>9} {'/r2ac-rtrl':>10}"
-    )
+
+def report(summaries: dict[str, Summary], runs: dict[str, list[RunResult]], opts: Options) -> None:
     base = summaries.get("r2ac-rtrl")
+    pct = lambda x: f"{'-':>6}" if x is None else f"{100 * x:>5.1f}%"  # noqa: E731
+
+    def env_subtracted(c: str) -> float | None:
+        env = summaries.get(ENV_OF.get(c, ""))
+        return None if env is None or c.startswith("env") else summaries[c].cpu_per_k - env.cpu_per_k
+
+    print()
+    print(
+        "per update (collect the rollout + one learner step; env*: M vector steps of random actions), medians over runs;"
+        " cpu = CPU time of all threads (sample-factory: all its processes)"
+    )
+    print(
+        f"{'config':<16} {'frames/s':>8} {'runs min..max':>13} {'frames':>6} {'s/update':>8} {'min s':>6} {'cpu s':>6} "
+        f"{'cpu s/1k fr':>11} {'-env /1k':>8} {'env %':>6} {'rollout':>7} {'fps/rtrl':>8}"
+    )
     for c, s in summaries.items():
-        rel = f"{s.update_s / base.update_s:>10.2f}" if base else f"{'-':>10}"
+        rel = f"{s.fps / base.fps:>8.2f}" if base else f"{'-':>8}"
+        sub = env_subtracted(c)
         print(
-            f"{c:<14} {steps * FRAME_SKIP / s.update_s:>9.0f} {steps / s.update_s:>8.0f} {s.update_s:>9.3f} {s.min_s:>7.3f} {s.cpu_s:>7.3f} "
-            f"{100 * s.env_share:>5.1f}% {100 * s.rollout_share:>8.1f}% {rel}"
+            f"{c:<16} {s.fps:>8.0f} {min(s.fps_runs):>6.0f}..{max(s.fps_runs):<6.0f} {s.frames_per_update:>6} {s.update_s:>8.3f} "
+            f"{s.min_s:>6.3f} {s.cpu_s:>6.3f} {s.cpu_per_k:>11.3f} {('-' if sub is None else f'{sub:.3f}'):>8} "
+            f"{pct(s.env_share)} {pct(s.rollout_share):>7} {rel}"
         )
     for c, rs in runs.items():
-        print(f"  {c:<12} per-run medians s/update: " + " ".join(f"{statistics.median(r.update):.3f}" for r in rs))
+        print(f"  {c:<14} per-run medians s/update: " + " ".join(f"{statistics.median(r.update):.3f}" for r in rs))
     print(f"load average after: {load()}")
+    if any(c in summaries for c in PEERS_SF + PEERS_CLEANRL):
+        print(NOT_LIKE_FOR_LIKE)
 
-    def ratio(num: str, den: str, inverse: bool = False, attr: str = "update_s") -> str:
+    def fps_ratio(num: str, den: str, attr: str = "fps") -> str:
         if num not in summaries or den not in summaries:
             return "nan"
-        a, b = getattr(summaries[num], attr), getattr(summaries[den], attr)
-        return f"{(b / a if inverse else a / b):.2f}"
+        a, b = summaries[num], summaries[den]
+        if attr == "cpu":  # frames per CPU second
+            return f"{b.cpu_per_k / a.cpu_per_k:.2f}"
+        return f"{a.fps / b.fps:.2f}"
 
-    # a: frames/s ratio = inverse ratio of seconds per update (equal frames per update); c: env steps/s over R2AC's
+    def time_ratio(num: str, den: str, attr: str) -> str:
+        if num not in summaries or den not in summaries:
+            return "nan"
+        return f"{getattr(summaries[num], attr) / getattr(summaries[den], attr):.2f}"
+
+    peers = [("sample-factory", "sample_factory"), ("cleanrl-matched", "cleanrl"), ("cleanrl", "cleanrl_shipped")]
+    extra_cpu = "".join(f" r2ac/{key}={fps_ratio('r2ac-rtrl', c, 'cpu')}" for c, key in peers if c in summaries)
     print(
-        "same ratios from process CPU time per update (less sensitive to waiting for a shared core): "
-        f"r2ac/recurrentppo={ratio('r2ac-rtrl', 'recurrentppo', True, 'cpu_s')} rtrl/tbptt_e2e={ratio('r2ac-rtrl', 'r2ac-tbptt', attr='cpu_s')} "
-        f"env_overhead={ratio('r2ac-rtrl', 'env', attr='cpu_s')}"
+        "same ratios from CPU time (frames per CPU second; less sensitive to waiting for a shared core): "
+        f"r2ac/recurrentppo={fps_ratio('r2ac-rtrl', 'recurrentppo', 'cpu')} rtrl/tbptt_e2e={time_ratio('r2ac-rtrl', 'r2ac-tbptt', 'cpu_s')} "
+        f"env_overhead={time_ratio('r2ac-rtrl', 'env', 'cpu_s')}{extra_cpu}"
     )
-    a = ratio("r2ac-rtrl", "recurrentppo", inverse=True)
-    b = ratio("r2ac-rtrl", "r2ac-tbptt")
-    c = ratio("r2ac-rtrl", "env")
-    print(f"ratios r2ac/recurrentppo={a} rtrl/tbptt_e2e={b} env_overhead={c}")
+    costs = {c: env_subtracted(c) for c in summaries if env_subtracted(c) is not None}
+    if costs:
+        print(
+            "env-subtracted CPU s per 1k frames (acting + learning, the env stack's own cost taken out): "
+            + " ".join(f"{c}={v:.3f}" for c, v in costs.items())
+        )
+    goals = []
+    if "r2ac-rtrl" in summaries and "recurrentppo" in summaries:
+        v = float(fps_ratio("r2ac-rtrl", "recurrentppo"))
+        goals.append(f"r2ac/recurrentppo={v:.2f} (>= 2: {'met' if v >= 2 else 'not met'})")
+    if "r2ac-rtrl" in summaries and "sample-factory" in summaries:
+        v = float(fps_ratio("r2ac-rtrl", "sample-factory"))
+        goals.append(f"r2ac/sample_factory={v:.2f} (>= 1.5: {'met' if v >= 1.5 else 'not met'})")
+    if costs.get("r2ac-rtrl") is not None and costs.get("cleanrl-matched"):
+        v = costs["r2ac-rtrl"] / costs["cleanrl-matched"]
+        goals.append(f"cost r2ac/cleanrl_matched={v:.2f} (<= 0.8: {'met' if v <= 0.8 else 'not met'})")
+    if goals:
+        print("goals (wall-clock frames/s; cost: env-subtracted CPU): " + " ".join(goals))
+    a = fps_ratio("r2ac-rtrl", "recurrentppo")
+    b = time_ratio("r2ac-rtrl", "r2ac-tbptt", "update_s")
+    c = time_ratio("r2ac-rtrl", "env", "update_s")
+    extra = "".join(f" r2ac/{key}={fps_ratio('r2ac-rtrl', cfg)}" for cfg, key in peers if cfg in summaries)
+    print(f"ratios r2ac/recurrentppo={a} rtrl/tbptt_e2e={b} env_overhead={c}{extra}")
 
 
 if __name__ == "__main__":

@@ -1,31 +1,46 @@
-"""Time one update of an eLSTM core: TBPTT vs onlinerec's RTRL vs a reference of the paper's RTRL scheme.
+"""Time one update of a recurrent core: TBPTT vs onlinerec's RTRL vs a reference of the paper's RTRL scheme.
 
-One update = forward over a segment of M steps from B streams, a loss on the readout (output gate)
-outputs, backward, and the carry to the next segment; every cell parameter ends with its gradient in
-``.grad``. Methods:
+One update = forward over a segment of M steps from B streams, a loss on the readout outputs, backward, and the
+carry to the next segment; every cell parameter ends with its gradient in ``.grad``. Methods:
 
 - ``tbptt``: onlinerec's TBPTT (backprop within the segment only).
-- ``rtrl``: onlinerec's RTRL (exact; autograd surrogate for the carried sensitivities, batched carry).
-- ``reference``: the paper's scheme written out for the eLSTM (docs/rtrl.md#sensitivity-recursions), as in the official code:
-  the core parameters are excluded from autograd, the state runs without a graph, the loss is
+- ``rtrl``: onlinerec's RTRL as ``OnlineRecurrentModule`` trains with it: each segment's old carry is given up
+  (``unroll(..., donate=True)``), so the fully online step (M = 1) updates the sensitivities in place.
+- ``rtrl-keep``: the functional default, ``unroll(...)`` without ``donate``: the old carry stays intact, the new
+  sensitivities are a new tensor (M = 1 table only; at M > 1 the two are the same code).
+- ``reference``: the paper's scheme written out for the eLSTM (docs/rtrl.md#sensitivity-recursions), as in the
+  official code: the core parameters are excluded from autograd, the state runs without a graph, the loss is
   backpropagated into a retained tensor of states to get the top gradient e_t, then the sensitivities
   are updated step by step under no_grad (out of place, outer product by bmm) and the core gradients
   are accumulated by hand as sum_b e_t[b] S_t[b].
 - ``reference-inplace``: the same scheme with in-place sensitivity updates and a cache-friendly
   gradient accumulation (a tuned hand-written implementation, for comparison).
+- ``copy`` (M = 1 table): a STREAM-like copy of as many bytes as the eLSTM's sensitivities (two preallocated
+  buffers, ``dst.copy_(src)``), interleaved with the steps: the memory bandwidth of this run. An in-place M = 1 step
+  must read the old sensitivities and write the new ones at least once, the bytes the copy moves, so
+  ``bandwidth_multiple`` = RTRL's M = 1 step time / copy time says how far the step is from the memory limit.
+
+Cores (``--shapes``): ``atari`` (eLSTM, B 32, N 256, D 257, M 50), ``dmlab`` (eLSTM, B 32, N 512, D 257, M 100),
+``lru`` (LRUCell, K = 2 components per unit, at the Atari shape) and ``stack`` (4 LRU layers, residual with
+LayerNorm, the LRU paper's block, at the Atari shape; every layer carries its own sensitivities). The references
+exist for the eLSTM only; the M = 1 table runs the eLSTM shapes.
 
 Before timing, each reference's gradients are checked against onlinerec's RTRL (float64, several
-segments with resets; rel. err <= 1e-10) and at the benchmark shape (float32, from a non-zero carry);
-the script exits with an error if they differ.
+segments with resets, M > 1 and M = 1; rel. err <= 1e-10) and at the benchmark shape (float32, from a non-zero
+carry), and the donated M = 1 step against the functional one; the script exits with an error if they differ.
 
 Usage::
 
-    python benchmarks/rtrl_vs_tbptt.py                 # full run (Atari and DMLab core shapes, M=1 step)
-    python benchmarks/rtrl_vs_tbptt.py --quick         # small shapes, few repetitions (smoke test)
-    python benchmarks/rtrl_vs_tbptt.py --threads 1 --reps 11
+    python benchmarks/rtrl_vs_tbptt.py                     # full run at all cores (every shape, then the M = 1 step)
+    python benchmarks/rtrl_vs_tbptt.py --threads 1,2       # both thread counts in one run (one after the other)
+    python benchmarks/rtrl_vs_tbptt.py --quick             # small shapes, few repetitions (smoke test)
+    python benchmarks/rtrl_vs_tbptt.py --threads 1 --reps 11 --online-reps 41
 
-The last line reads ``ratios rtrl/tbptt atari=<x> dmlab=<y> online_speedup=<z>`` with z = reference
-M=1 step time / RTRL M=1 step time at the Atari shape.
+The last line reads ``ratios rtrl/tbptt atari=<x> dmlab=<y> lru=<l> stack=<s> online_speedup=<z>
+inplace_ratio=<i> bandwidth_multiple=<w>``: the RTRL/TBPTT update-time ratios per core; z = the paper-style
+reference's M = 1 step time / RTRL's; i = RTRL's M = 1 step time / the tuned in-place reference's (<= 1: RTRL is as
+fast); w = RTRL's M = 1 step time / the copy's. Each is the worst over the thread counts (and, for z, i and w, over
+the eLSTM shapes) of the run: the largest ratio, the smallest speedup. Every section prints the load average.
 """
 
 from __future__ import annotations
@@ -41,14 +56,23 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from onlinerec.cells import ELSTMCell
+from onlinerec.cells import ELSTMCell, LRUCell, Stack
 from onlinerec.gradients import RTRL, TBPTT
 
-SHAPES = {  # name: (B, N, D, M)
-    "atari": (32, 256, 257, 50),
-    "dmlab": (32, 512, 257, 100),
+SHAPES = {  # name: (cell, B, N, D, M)
+    "atari": ("elstm", 32, 256, 257, 50),
+    "dmlab": ("elstm", 32, 512, 257, 100),
+    "lru": ("lru", 32, 256, 257, 50),
+    "stack": ("stack", 32, 256, 257, 50),
 }
-QUICK_SHAPES = {"atari": (8, 64, 65, 10), "dmlab": (8, 128, 65, 20)}
+QUICK_SHAPES = {
+    "atari": ("elstm", 8, 64, 65, 10),
+    "dmlab": ("elstm", 8, 128, 65, 20),
+    "lru": ("lru", 8, 64, 65, 10),
+    "stack": ("stack", 8, 64, 65, 10),
+}
+STACK_LAYERS = 4
+REFERENCES = ("reference", "reference-inplace")  # hand-written, eLSTM only
 
 
 # ----------------------------------------------------------------------------------------------
@@ -147,48 +171,90 @@ class ReferenceRTRL:
 # ----------------------------------------------------------------------------------------------
 # One update per method
 # ----------------------------------------------------------------------------------------------
-def loss_fn(cell: ELSTMCell):
-    """Sum of squares of the readout (output gate) outputs h_t = sigmoid(W_o [x_t; c_t] + b_o) * c_t."""
+def loss_fn(cell: ELSTMCell | LRUCell | Stack):
+    """Sum of squares of the readout outputs: the eLSTM's output gate h_t = sigmoid(W_o [x_t; c_t] + b_o) * c_t, the
+    LRU's Re(C h_t) + D x_t; a stack's unroll already returns its output."""
+    if isinstance(cell, Stack):
+        return lambda outputs, inputs: outputs.pow(2).sum()
     return lambda states, inputs: cell.readout(states, inputs).pow(2).sum()
 
 
 class Runner:
     """Holds a method, its cell and its carry; ``step(inputs, reset)`` runs one update."""
 
-    def __init__(self, kind: str, cell: ELSTMCell, batch_size: int) -> None:
+    def __init__(self, kind: str, cell: ELSTMCell | LRUCell | Stack, batch_size: int) -> None:
         self.kind, self.cell = kind, cell
         self.loss = loss_fn(cell)
-        if kind in ("tbptt", "rtrl"):
+        self.donate = kind == "rtrl"  # as OnlineRecurrentModule's training streams; "rtrl-keep": the functional default
+        if kind in ("tbptt", "rtrl", "rtrl-keep"):
             self.method = TBPTT() if kind == "tbptt" else RTRL()
             self.carry = self.method.init_carry(cell, batch_size)
-        else:
+        elif kind in REFERENCES:
             self.method = ReferenceRTRL(cell, inplace=kind == "reference-inplace")
             self.carry = self.method.init_carry(batch_size)
+        else:
+            raise ValueError(f"unknown method {kind!r}")
 
     def step(self, inputs: torch.Tensor, reset: torch.Tensor) -> None:
         self.cell.zero_grad(set_to_none=True)
         if isinstance(self.method, ReferenceRTRL):
             self.carry = self.method.update(inputs, reset, self.carry, self.loss)
         else:
-            states, self.carry = self.method.unroll(self.cell, inputs, reset, self.carry)
+            states, self.carry = self.method.unroll(self.cell, inputs, reset, self.carry, donate=self.donate)
             self.loss(states, inputs).backward()
 
 
-def make_cell(n: int, d: int, dtype: torch.dtype, seed: int) -> ELSTMCell:
+class CopyRunner:
+    """The STREAM-like copy: ``nbytes`` bytes from one preallocated (and touched) buffer into another."""
+
+    kind = "copy"
+
+    def __init__(self, nbytes: int) -> None:
+        self.src = torch.randn(nbytes // 4)
+        self.dst = torch.empty_like(self.src).copy_(self.src)
+        self.nbytes = self.src.numel() * 4
+
+    def step(self, inputs: torch.Tensor, reset: torch.Tensor) -> None:
+        self.dst.copy_(self.src)
+
+
+def make_cell(n: int, d: int, dtype: torch.dtype, seed: int, kind: str = "elstm") -> ELSTMCell | LRUCell | Stack:
+    """The core: ``"elstm"`` (the default), ``"lru"`` or ``"stack"`` (``STACK_LAYERS`` LRU layers, residual + LayerNorm)."""
     torch.manual_seed(seed)
-    return ELSTMCell(d, n).to(dtype)
+    if kind == "elstm":
+        cell = ELSTMCell(d, n)
+    elif kind == "lru":
+        cell = LRUCell(d, n)
+    elif kind == "stack":
+        cell = Stack([LRUCell(d, n) for _ in range(STACK_LAYERS)], residual=True, norm="layer")
+    else:
+        raise ValueError(f"unknown cell {kind!r}")
+    return cell.to(dtype)
 
 
-def make_segments(count: int, m: int, b: int, d: int, dtype: torch.dtype, seed: int, reset_prob: float = 0.01):
+def make_segments(
+    count: int, m: int, b: int, d: int, dtype: torch.dtype, seed: int, reset_prob: float = 0.01, start: bool = True
+):
+    """``count`` random segments with a ``reset_prob`` chance of an episode reset per stream and step; with ``start``
+    the first segment begins every stream (all reset at its first step)."""
     gen = torch.Generator().manual_seed(seed)
     segs = []
     for i in range(count):
         x = torch.randn(m, b, d, generator=gen).to(dtype)
         reset = torch.rand(m, b, generator=gen) < reset_prob
-        if i == 0:
+        if i == 0 and start:
             reset[0] = True
         segs.append((x, reset))
     return segs
+
+
+def carried_sensitivity_bytes(runner: Runner) -> int:
+    """Bytes of the sensitivities a runner carries (a lazy scale, (B, N), not counted)."""
+    carry = runner.carry
+    if isinstance(carry, dict):  # the hand-written references
+        return sum(v.numel() * v.element_size() for k, v in carry.items() if k != "c")
+    layers = getattr(carry, "layers", [carry])
+    return sum(t.numel() * t.element_size() for layer in layers for t in layer.raw_sensitivities()[0].values())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,11 +264,13 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
 
 
-def compare(kind: str, n: int, d: int, b: int, m: int, segments: int, dtype: torch.dtype, tol: float) -> float:
-    """Run onlinerec's RTRL and a reference over the same segments from the same weights; max rel. error
-    of the gradients (every segment) and of the final state."""
+def compare(
+    kind: str, n: int, d: int, b: int, m: int, segments: int, dtype: torch.dtype, tol: float, against: str = "rtrl"
+) -> float:
+    """Run onlinerec's RTRL (``against``) and another method over the same segments from the same weights; max rel.
+    error of the gradients (every segment) and of the final state."""
     cells = [make_cell(n, d, dtype, seed=3) for _ in range(2)]
-    runners = [Runner("rtrl", cells[0], b), Runner(kind, cells[1], b)]
+    runners = [Runner(against, cells[0], b), Runner(kind, cells[1], b)]
     worst = 0.0
     for x, reset in make_segments(segments, m, b, d, dtype, seed=4, reset_prob=0.1):
         for r in runners:
@@ -210,10 +278,11 @@ def compare(kind: str, n: int, d: int, b: int, m: int, segments: int, dtype: tor
         g0 = dict(cells[0].named_parameters())
         for name, p in cells[1].named_parameters():
             worst = max(worst, rel_err(p.grad, g0[name].grad))
-    worst = max(worst, rel_err(runners[1].carry["c"], runners[0].carry.c))
+    last = runners[1].carry
+    worst = max(worst, rel_err(last["c"] if isinstance(last, dict) else last.c, runners[0].carry.c))
     if not worst <= tol:
         sys.exit(
-            f"FAIL: {kind} gradients differ from onlinerec's RTRL (max rel. err {worst:.3g} > {tol:g}, {dtype}, N={n} D={d} B={b} M={m})"
+            f"FAIL: {kind} gradients differ from onlinerec's {against} (max rel. err {worst:.3g} > {tol:g}, {dtype}, N={n} D={d} B={b} M={m})"
         )
     return worst
 
@@ -230,12 +299,24 @@ class Timing:
 
 
 def time_methods(
-    kinds: list[str], shape: tuple[int, int, int, int], reps: int, warmup: int, seed: int
+    kinds: list[str],
+    shape: tuple[int, int, int, int],
+    reps: int,
+    warmup: int,
+    seed: int,
+    cell: str = "elstm",
+    copy_bytes: int | None = None,
 ) -> dict[str, Timing]:
-    """Interleaved repetitions (the order rotates every round), after ``warmup`` untimed updates each."""
+    """Interleaved repetitions (the order rotates every round), after ``warmup`` untimed updates each. ``"copy"`` among
+    ``kinds`` times a copy of ``copy_bytes`` bytes. At M = 1 the segments are a stream's steps after its start (a 1 %
+    reset chance per stream and step); at M > 1 one of the four segments starts every stream."""
     b, n, d, m = shape
-    runners = {k: Runner(k, make_cell(n, d, torch.float32, seed), b) for k in kinds}
-    segs = make_segments(4, m, b, d, torch.float32, seed + 1)
+    runners: dict[str, Runner | CopyRunner] = {}
+    for k in kinds:
+        runners[k] = (
+            CopyRunner(copy_bytes or 0) if k == "copy" else Runner(k, make_cell(n, d, torch.float32, seed, cell), b)
+        )
+    segs = make_segments(4, m, b, d, torch.float32, seed + 1, start=m > 1)
     for k, r in runners.items():
         for i in range(warmup):
             r.step(*segs[i % len(segs)])
@@ -260,6 +341,24 @@ def sensitivity_bytes(b: int, n: int, d: int, itemsize: int = 4) -> int:
     return b * (2 * n * d + 4 * n) * itemsize
 
 
+def theory_sensitivity_bytes(cell: ELSTMCell | LRUCell | Stack, b: int, itemsize: int = 4) -> int:
+    """B * K * sum over the tracked parameters theta of |theta| * sizeof(dtype) (docs/rtrl.md#multi-component-units),
+    summed over the layers of a stack. The tracked parameters are the input projection (and its bias) and every
+    per-unit parameter the recurrence reads."""
+    if isinstance(cell, Stack):
+        return sum(theory_sensitivity_bytes(layer, b, itemsize) for layer in cell.layers)
+    params = dict(cell.named_parameters())
+    tracked = [k for k in params if k.startswith("input_proj.")] + list(RTRL().unit_parameters(cell))
+    return b * cell.num_components * sum(params[k].numel() for k in tracked) * itemsize
+
+
+def load() -> str:
+    try:
+        return "load average %.2f %.2f %.2f" % os.getloadavg()
+    except OSError:
+        return "load average ?"
+
+
 def machine() -> str:
     model = platform.processor() or "?"
     try:
@@ -273,93 +372,153 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads, python {platform.python_version()}"
 
 
+def check_all(shapes: dict, names: list[str]) -> None:
+    """The correctness gates (see the module docstring)."""
+    elstm = [s for s in names if shapes[s][0] == "elstm"]
+    first = elstm[0] if elstm else None
+    _, bb, nn_, dd, mm = shapes[first] if first else QUICK_SHAPES["atari"]
+    for kind in REFERENCES:
+        e64 = compare(kind, n=7, d=5, b=4, m=6, segments=4, dtype=torch.float64, tol=1e-10)
+        e64_1 = compare(kind, n=7, d=5, b=4, m=1, segments=12, dtype=torch.float64, tol=1e-10)
+        e32 = compare(kind, n=nn_, d=dd, b=bb, m=mm, segments=2, dtype=torch.float32, tol=1e-4)
+        e32_1 = compare(kind, n=nn_, d=dd, b=bb, m=1, segments=6, dtype=torch.float32, tol=1e-4)
+        print(
+            f"check: {kind} gradients = onlinerec RTRL (float64 rel. err {e64:.1e}, M = 1 {e64_1:.1e}; float32 at "
+            f"{first or 'quick atari'} shape {e32:.1e}, M = 1 {e32_1:.1e})"
+        )
+    e64 = compare("rtrl-keep", n=7, d=5, b=4, m=1, segments=12, dtype=torch.float64, tol=1e-12)
+    e32 = compare("rtrl-keep", n=nn_, d=dd, b=bb, m=1, segments=6, dtype=torch.float32, tol=1e-5)
+    print(f"check: donated (in-place) M = 1 step = functional one (float64 rel. err {e64:.1e}; float32 {e32:.1e})")
+
+
+def segment_table(names: list[str], shapes: dict, nthreads: int, reps: int, args, ratios: dict[str, float]) -> None:
+    """One update at each shape's M: the table, and the RTRL/TBPTT ratio of each shape (the worst so far) in ratios."""
+    print()
+    print(
+        f"[{nthreads} thread{'s' if nthreads > 1 else ''}] one update (forward + backward + carry), medians of "
+        "interleaved repetitions (wall clock; cpu = process CPU time)"
+    )
+    print(load())
+    print(
+        f"{'shape':<7} {'cell':<6} {'B':>3} {'N':>4} {'D':>4} {'M':>4}  {'method':<18} {'median ms':>10} {'min ms':>9} "
+        f"{'cpu ms':>9} {'/tbptt':>7} {'cpu/tbptt':>9}"
+    )
+    for s in names:
+        cell, b, n, d, m = shapes[s]
+        kinds = ["tbptt", "rtrl", *(REFERENCES if cell == "elstm" else ())]
+        res = time_methods(kinds, (b, n, d, m), reps, args.warmup, args.seed, cell)
+        base, base_cpu = res["tbptt"].median_ms, res["tbptt"].cpu_ms
+        for k, t in res.items():
+            print(
+                f"{s:<7} {cell:<6} {b:>3} {n:>4} {d:>4} {m:>4}  {k:<18} {t.median_ms:>10.2f} {t.min_ms:>9.2f} "
+                f"{t.cpu_ms:>9.2f} {t.median_ms / base:>7.2f} {t.cpu_ms / base_cpu:>9.2f}"
+            )
+        ratios[s] = max(ratios.get(s, 0.0), res["rtrl"].median_ms / base)
+    print(load())
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads (default: all cores)")
+    ap.add_argument(
+        "--threads",
+        default=str(os.cpu_count()),
+        help="torch.set_num_threads; a comma-separated list runs each in turn (default: all cores)",
+    )
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions per method (default 9, quick: 3)")
     ap.add_argument(
         "--online-reps", type=int, default=None, help="timed repetitions of the M=1 step (default 31, quick: 5)"
     )
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="small shapes and few repetitions (smoke test)")
-    ap.add_argument("--shapes", default="atari,dmlab", help="comma-separated subset of: " + ",".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset of: " + ",".join(SHAPES))
+    ap.add_argument(
+        "--sections",
+        default="segment,online",
+        help="what to time: segment (one update at each shape's M), online (the M = 1 step); default both",
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
-    torch.set_num_threads(args.threads)
+    threads = [int(t) for t in str(args.threads).split(",") if t]
     shapes = QUICK_SHAPES if args.quick else SHAPES
     reps = args.reps or (3 if args.quick else 9)
     online_reps = args.online_reps or (5 if args.quick else 31)
     names = [s for s in args.shapes.split(",") if s]
+    sections = {s for s in args.sections.split(",") if s}
+    if not sections <= {"segment", "online"}:
+        ap.error(f"--sections takes segment and/or online, got {args.sections!r}")
     for s in names:
         if s not in shapes:
             ap.error(f"unknown shape {s!r}; choose from {sorted(shapes)}")
+    torch.set_num_threads(threads[0])
     print(f"machine: {machine()}")
+    print(load())
+    check_all(shapes, names)
 
-    # correctness gate
-    for kind in ("reference", "reference-inplace"):
-        e64 = compare(kind, n=7, d=5, b=4, m=6, segments=4, dtype=torch.float64, tol=1e-10)
-        bb, nn_, dd, mm = shapes[names[0]] if names else QUICK_SHAPES["atari"]
-        e32 = compare(kind, n=nn_, d=dd, b=bb, m=mm, segments=2, dtype=torch.float32, tol=1e-4)
+    ratios: dict[str, float] = {}
+    online: dict[str, list[float]] = {"speedup": [], "inplace": [], "bandwidth": []}
+    for nthreads in threads:
+        torch.set_num_threads(nthreads)
+        if "segment" in sections:
+            segment_table(names, shapes, nthreads, reps, args, ratios)
+        online_names = [s for s in names if shapes[s][0] == "elstm"]
+        if "online" not in sections or not online_names:
+            continue
+        print()
         print(
-            f"check: {kind} gradients = onlinerec RTRL (float64 rel. err {e64:.1e}; float32 at {names[0] if names else 'quick'} shape {e32:.1e})"
+            f"[{nthreads} thread{'s' if nthreads > 1 else ''}] M = 1 online step (forward + backward + carry), medians of "
+            "interleaved repetitions; copy = a copy of the sensitivity bytes"
         )
-
-    header = f"{'shape':<7} {'B':>3} {'N':>4} {'D':>4} {'M':>4}  {'method':<18} {'median ms':>10} {'min ms':>9} {'cpu ms':>9} {'/tbptt':>7} {'cpu/tbptt':>9}"
-    print()
-    print(
-        "one update (forward + backward + carry), medians of interleaved repetitions (wall clock; cpu = process CPU time)"
-    )
-    print(header)
-    ratios = {}
-    for s in names:
-        b, n, d, m = shapes[s]
-        res = time_methods(
-            ["tbptt", "rtrl", "reference", "reference-inplace"], (b, n, d, m), reps, args.warmup, args.seed
+        print(load())
+        print(
+            f"{'shape':<7} {'B':>3} {'N':>4} {'D':>4}  {'method':<18} {'median ms':>10} {'min ms':>9} {'cpu ms':>9} "
+            f"{'ref/this':>9} {'cpu ref/this':>12} {'/copy':>7}"
         )
-        base, base_cpu = res["tbptt"].median_ms, res["tbptt"].cpu_ms
-        for k, t in res.items():
+        for s in online_names:
+            _, b, n, d, _ = shapes[s]
+            nbytes = sensitivity_bytes(b, n, d)
+            kinds = ["rtrl", "rtrl-keep", "reference", "reference-inplace", "tbptt", "copy"]
+            res = time_methods(kinds, (b, n, d, 1), online_reps, max(args.warmup, 3), args.seed, copy_bytes=nbytes)
+            ref, ref_cpu, cp = res["reference"].median_ms, res["reference"].cpu_ms, res["copy"].median_ms
+            for k, t in res.items():
+                print(
+                    f"{s:<7} {b:>3} {n:>4} {d:>4}  {k:<18} {t.median_ms:>10.3f} {t.min_ms:>9.3f} {t.cpu_ms:>9.3f} "
+                    f"{ref / t.median_ms:>9.2f} {ref_cpu / t.cpu_ms:>12.2f} {t.median_ms / cp:>7.2f}"
+                )
+            rtrl = res["rtrl"].median_ms
+            speedup, inplace, multiple = ref / rtrl, rtrl / res["reference-inplace"].median_ms, rtrl / cp
+            gbps = 2 * nbytes / (cp * 1e-3) / 1e9
             print(
-                f"{s:<7} {b:>3} {n:>4} {d:>4} {m:>4}  {k:<18} {t.median_ms:>10.2f} {t.min_ms:>9.2f} {t.cpu_ms:>9.2f} {t.median_ms / base:>7.2f} {t.cpu_ms / base_cpu:>9.2f}"
+                f"{s} threads={nthreads}: online_speedup={speedup:.2f} inplace_ratio={inplace:.2f} "
+                f"bandwidth_multiple={multiple:.2f} (copy of {nbytes / 2**20:.1f} MiB: {cp:.3f} ms = {gbps:.1f} GB/s "
+                f"read + write; cpu: inplace_ratio={res['rtrl'].cpu_ms / res['reference-inplace'].cpu_ms:.2f} "
+                f"bandwidth_multiple={res['rtrl'].cpu_ms / res['copy'].cpu_ms:.2f}; donated vs kept carry: "
+                f"{res['rtrl-keep'].median_ms / rtrl:.2f}x)"
             )
-        ratios[s] = res["rtrl"].median_ms / base
+            online["speedup"].append(speedup)
+            online["inplace"].append(inplace)
+            online["bandwidth"].append(multiple)
+        print(load())
 
     print()
-    print(
-        "M = 1 online step (forward + backward + carry), medians of interleaved repetitions (wall clock; cpu = process CPU time)"
-    )
-    print(
-        f"{'shape':<7} {'B':>3} {'N':>4} {'D':>4}  {'method':<18} {'median ms':>10} {'min ms':>9} {'cpu ms':>9} {'ref/this':>9} {'cpu ref/this':>12}"
-    )
-    online = {}
+    sens = []
     for s in names:
-        b, n, d, _ = shapes[s]
-        res = time_methods(
-            ["rtrl", "reference", "reference-inplace", "tbptt"],
-            (b, n, d, 1),
-            online_reps,
-            max(args.warmup, 3),
-            args.seed,
+        cell, b, n, d, _ = shapes[s]
+        runner = Runner("rtrl", make_cell(n, d, torch.float32, 0, cell), b)
+        carried, theory = carried_sensitivity_bytes(runner), theory_sensitivity_bytes(runner.cell, b)
+        sens.append(
+            f"{s} {carried / 2**20:.2f} MiB{' = theory' if carried == theory else f' != theory {theory / 2**20:.2f}'}"
         )
-        ref, ref_cpu = res["reference"].median_ms, res["reference"].cpu_ms
-        for k, t in res.items():
-            print(
-                f"{s:<7} {b:>3} {n:>4} {d:>4}  {k:<18} {t.median_ms:>10.3f} {t.min_ms:>9.3f} {t.cpu_ms:>9.3f} {ref / t.median_ms:>9.2f} {ref_cpu / t.cpu_ms:>12.2f}"
-            )
-        online[s] = ref / res["rtrl"].median_ms
-        print(f"{s:<7} RTRL vs reference-inplace: {res['reference-inplace'].median_ms / res['rtrl'].median_ms:.2f}x")
-
-    print()
-    print(
-        "sensitivity state (theoretical, fp32): "
-        + ", ".join(f"{s} {sensitivity_bytes(*shapes[s][:3]) / 2**20:.1f} MiB" for s in names)
-    )
+    print("sensitivity state (fp32, carried; theory B*K*sum|theta|*4): " + ", ".join(sens))
     fmt = lambda v: "nan" if v is None else f"{v:.2f}"  # noqa: E731
-    first = "atari" if "atari" in online else (names[0] if names else None)
+    worst = lambda key, pick: pick(online[key]) if online[key] else None  # noqa: E731
     print(
-        f"ratios rtrl/tbptt atari={fmt(ratios.get('atari'))} dmlab={fmt(ratios.get('dmlab'))} online_speedup={fmt(online.get(first) if first else None)}"
+        f"ratios rtrl/tbptt atari={fmt(ratios.get('atari'))} dmlab={fmt(ratios.get('dmlab'))} "
+        f"lru={fmt(ratios.get('lru'))} stack={fmt(ratios.get('stack'))} "
+        f"online_speedup={fmt(worst('speedup', min))} inplace_ratio={fmt(worst('inplace', max))} "
+        f"bandwidth_multiple={fmt(worst('bandwidth', max))}"
     )
 
 

@@ -21,7 +21,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 WORKLOADS = ("script", "demo", "r2ac")
 
@@ -89,7 +88,11 @@ def time_subprocess(name: str, threads: int | None, quick: bool) -> float:
     )
     here = os.path.dirname(os.path.abspath(__file__))
     out = subprocess.run(
-        [sys.executable, "-c", code, here, name, "1" if quick else "0"], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code, here, name, "1" if quick else "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return float(out.stdout.strip().splitlines()[-1])
 

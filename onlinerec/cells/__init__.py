@@ -3,6 +3,8 @@ and :class:`Stack` for deep models."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from typing import Any
 
 from onlinerec.cells.base import ElementwiseCell, FullyRecurrentCell
@@ -37,7 +39,7 @@ CELLS: Registry[ElementwiseCell] = Registry(
 
 
 def make_cell(
-    cell: str | type | ElementwiseCell,
+    cell: str | type | Mapping[str, Any] | ElementwiseCell,
     input_size: int,
     hidden_size: int,
     *,
@@ -46,10 +48,11 @@ def make_cell(
     norm: str | None = None,
     **kwargs: Any,
 ) -> ElementwiseCell:
-    """A cell from a registered name ("elstm", "lru", ...), a class path, a class, or an instance.
+    """A cell from a registered name ("elstm", "lru", ...), a class path, a class, an instance, or a
+    :func:`cell_spec` (``{"class_path": ..., "init_args": {...}}``, what checkpoints store for an instance).
 
-    An instance is returned as it is after checking that its sizes are ``input_size`` and ``hidden_size``
-    (``kwargs`` must then be empty).
+    An instance (or the cell a spec builds) is returned as it is after checking that its sizes are ``input_size`` and
+    ``hidden_size`` (``kwargs`` must then be empty).
 
     ``layers > 1`` (or ``residual`` / ``norm``) builds a :class:`Stack` of ``layers`` such cells with ``hidden_size``
     units each, the first reading ``input_size`` features and each next one its predecessor's ``output_size``; every
@@ -58,6 +61,8 @@ def make_cell(
     """
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
         raise ValueError(f"layers must be a positive int, got {layers!r}.")
+    if isinstance(cell, Mapping):
+        cell = build_cell_spec(cell)
     if layers > 1 or residual or norm is not None:
         if isinstance(cell, ElementwiseCell):
             raise ValueError(
@@ -84,6 +89,106 @@ def make_cell(
     return CELLS.build(cell, input_size, hidden_size, **kwargs)
 
 
+def _path(cls: type) -> str:
+    """A built-in cell's registered name; any other class's full class path (which needs no registration)."""
+    name = CELLS.path_of(cls)
+    return name if cls.__module__.startswith("onlinerec.") else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _plain(value: Any, where: str) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, ElementwiseCell):
+        return cell_spec(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, where) for v in value]
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return {k: _plain(v, where) for k, v in value.items()}
+    raise ValueError(
+        f"{where} is a {type(value).__name__}: a checkpoint can keep only numbers, strings, bools, None, lists, dicts "
+        "and cells as a cell's constructor arguments. Give the cell plain arguments (and set tensors on it after "
+        "construction: its weights are saved anyway)."
+    )
+
+
+def cell_spec(cell: ElementwiseCell) -> dict[str, Any]:
+    """How to build ``cell`` again, as plain data: ``{"class_path": path, "init_args": {name: value}}``.
+
+    ``path`` is the registered name of a built-in cell and the full class path of any other (so no registration is
+    needed where it is rebuilt; the class's module must be importable there); ``init_args`` are the arguments its
+    constructor was called with, by keyword (a cell among them, e.g. the layers of a :class:`Stack`, becomes a nested
+    spec). :func:`make_cell` (and ``CELLS``' ``resolve(path)(**init_args)``) builds a new cell from it; the built-in
+    models store it in their hyper-parameters, so that ``load_from_checkpoint`` (weights only) rebuilds a cell that
+    was given as an instance. The weights are not part of the spec: they are in the state dict.
+    """
+    if not isinstance(cell, ElementwiseCell):
+        raise TypeError(f"cell_spec takes an onlinerec cell (ElementwiseCell), got {type(cell).__name__}.")
+    cls = type(cell)
+    if "<locals>" in cls.__qualname__:
+        raise ValueError(
+            f"{cls.__qualname__} is defined inside a function, so no other process can import it to rebuild the cell "
+            f"from a checkpoint: define {cls.__name__} at the top level of a module."
+        )
+    args, kwargs = getattr(cell, "_onlinerec_init", ((), {}))
+    signature = inspect.signature(cls.__init__)
+    params = list(signature.parameters.values())[1:]  # without self
+    try:
+        bound = signature.replace(parameters=params).bind(*args, **kwargs)
+    except TypeError as err:
+        raise ValueError(f"cannot record how {cls.__name__} was built ({err}).") from err
+    init_args: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            if value:
+                raise ValueError(
+                    f"{cls.__name__} was built with extra positional arguments (*{name}), which a checkpoint cannot "
+                    f"name by keyword: give {cls.__name__}.__init__ named parameters."
+                )
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            init_args.update({k: _plain(v, f"{cls.__name__} argument {k!r}") for k, v in value.items()})
+        else:
+            init_args[name] = _plain(value, f"{cls.__name__} argument {name!r}")
+    return {"class_path": _path(cls), "init_args": init_args}
+
+
+def _is_spec(value: Any) -> bool:
+    return isinstance(value, Mapping) and "class_path" in value and set(value) <= {"class_path", "init_args"}
+
+
+def build_cell_spec(spec: Mapping[str, Any]) -> ElementwiseCell:
+    """The cell a :func:`cell_spec` describes (nested specs among its arguments are built too)."""
+    if not _is_spec(spec):
+        raise ValueError(
+            f"a cell given as a mapping must be a cell_spec, {{'class_path': ..., 'init_args': {{...}}}}; got keys "
+            f"{sorted(spec)}."
+        )
+
+    def revive(value: Any) -> Any:
+        if _is_spec(value):
+            return build_cell_spec(value)
+        if isinstance(value, list):
+            return [revive(v) for v in value]
+        return value
+
+    cls = CELLS.resolve(spec["class_path"])
+    return cls(**{k: revive(v) for k, v in (spec.get("init_args") or {}).items()})
+
+
+def cell_reference(cell: str | type | Mapping[str, Any] | ElementwiseCell | None) -> str | dict[str, Any] | None:
+    """What a model's hyper-parameters store for its ``cell`` argument, so that a checkpoint rebuilds the cell in any
+    process: a built-in name as given, a user class (by name, path or class) as its full class path, an instance as its
+    :func:`cell_spec`, a spec as it is, None as None."""
+    if cell is None or _is_spec(cell):
+        return None if cell is None else dict(cell)  # type: ignore[arg-type]
+    if isinstance(cell, ElementwiseCell):
+        return cell_spec(cell)
+    cls = CELLS.resolve(cell)  # type: ignore[arg-type]
+    if isinstance(cell, str) and cls.__module__.startswith("onlinerec."):
+        return cell
+    return _path(cls)
+
+
 __all__ = [
     "CELLS",
     "ELSTMCell",
@@ -99,5 +204,8 @@ __all__ = [
     "QRNNCell",
     "SRUCell",
     "Stack",
+    "build_cell_spec",
+    "cell_reference",
+    "cell_spec",
     "make_cell",
 ]

@@ -5,11 +5,127 @@ A cell is a pure single step. Time loops, resets and carried state live in :mod:
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+
+_EXPLAINING = False  # set while a failed recurrence is being explained: nested failures are left as they are
+
+
+def _explained(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``fn`` (a cell's recurrence), whose common contract errors name the cell and the fix."""
+
+    @functools.wraps(fn)
+    def recurrence(self: ElementwiseCell, gates: Tensor, c_prev: Tensor) -> Tensor:
+        try:
+            out = fn(self, gates, c_prev)
+        except IndexError as err:
+            hint = None if _EXPLAINING else gates_hint(self, fn, gates, c_prev, err)
+            if hint is None:
+                raise
+            raise IndexError(hint) from err
+        except RuntimeError as err:
+            if "in-place operation" not in str(err) or _EXPLAINING:
+                raise
+            raise RuntimeError(in_place_message(type(self).__name__, "recurrence", "c_prev or gates")) from err
+        if out.shape != c_prev.shape:  # caught here, before a time loop broadcasts it into ever larger states
+            raise ValueError(shape_message(self, "recurrence", out, gates, c_prev))
+        return out
+
+    recurrence._onlinerec_wrapped = True  # type: ignore[attr-defined]
+    return recurrence
+
+
+def gates_hint(
+    cell: nn.Module,
+    fn: Callable[..., Tensor],
+    gates: Tensor,
+    c_prev: Tensor,
+    err: Exception,
+    method: str = "recurrence",
+) -> str | None:
+    """If ``fn(cell, gates, c_prev)`` failed with an IndexError because it reads more gates than ``gates`` has (a
+    forgotten ``num_gates``), the message that says so; else None. Tries up to 16 more gates on zero inputs."""
+    global _EXPLAINING
+    if gates.dim() < 2:
+        return None
+    g = gates.shape[-2]
+    _EXPLAINING = True
+    try:
+        with torch.no_grad():
+            for more in range(g + 1, g + 17):
+                wider = torch.zeros(*gates.shape[:-2], more, gates.shape[-1], dtype=gates.dtype, device=gates.device)
+                try:
+                    fn(cell, wider, torch.zeros_like(c_prev))
+                except Exception:  # noqa: BLE001, S112 - not enough gates yet, or another problem: try more
+                    continue
+                return (
+                    f"{type(cell).__name__}.{method} reads more gates than the cell declares: it fails on gates of "
+                    f"shape (..., {g}, N) ({err}) but runs on (..., {more}, N). Set the class attribute "
+                    f"`num_gates = {more}` on {type(cell).__name__} (it is {g} now, ElementwiseCell's default is 1): "
+                    f"the input projection then makes {more} gate pre-activations per unit, gates[..., 0, :] to "
+                    f"gates[..., {more - 1}, :]."
+                )
+    finally:
+        _EXPLAINING = False
+    return None
+
+
+def in_place_message(cls: str, method: str, arg: str) -> str:
+    """The error for a recurrence that changes one of its inputs in place."""
+    return (
+        f"{cls}.{method} modifies its argument {arg} in place (e.g. c_prev.mul_(f), c_prev += x or c_prev[...] = x). "
+        "The gradient methods use its inputs again after the call and differentiate through them, so a recurrence "
+        "must leave them unchanged: compute a new tensor instead (c = c_prev * f, c = c_prev + x, torch.where(...))."
+    )
+
+
+def shape_message(cell: nn.Module, method: str, out: Any, gates: Tensor, c_prev: Tensor) -> str:
+    """The error for a recurrence whose result is not a new state of c_prev's shape."""
+    shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+    k = getattr(cell, "num_components", 1)
+    state = "(..., N)" if k == 1 else f"(..., K, N) with K = num_components = {k}"
+    return (
+        f"{type(cell).__name__}.{method} returned {shape} for c_prev of shape {tuple(c_prev.shape)} (gates "
+        f"{tuple(gates.shape)}): it must return the new state, with c_prev's shape {state} and N = hidden_size = "
+        f"{c_prev.shape[-1]}. Pick the gates you need (gates[..., g, :]) and combine them element-wise with c_prev; "
+        "if each unit holds several numbers, set num_components = K and return (..., K, N)."
+    )
+
+
+def call_checked(cell: ElementwiseCell, gates: Tensor, c_prev: Tensor, method: str = "recurrence") -> Tensor:
+    """``cell.<method>(gates, c_prev)`` on plain tensors, checking the cell contract with errors that name the cell and
+    the fix: enough gates (``num_gates``), no in-place change of an input, and a new state of ``c_prev``'s shape."""
+    cls = type(cell).__name__
+    versions = (gates._version, c_prev._version)
+    fn = getattr(cell, method)
+    with torch.no_grad():
+        try:
+            out = fn(gates, c_prev)
+        except IndexError as err:
+            raw = getattr(fn, "__wrapped__", getattr(type(cell), method))
+            hint = gates_hint(cell, raw, gates, c_prev, err, method)
+            if hint is None or isinstance(err.__cause__, IndexError):
+                raise
+            raise IndexError(hint) from err
+        except RuntimeError as err:
+            if "size of tensor" not in str(err):
+                raise
+            raise RuntimeError(
+                f"{cls}.{method} failed on gates of shape {tuple(gates.shape)} and c_prev of shape "
+                f"{tuple(c_prev.shape)}: {err}. The gates hold num_gates = {gates.shape[-2]} pre-activations per unit "
+                "along dim -2: take one with gates[..., g, :], of shape (..., N), before combining it with c_prev."
+            ) from err
+    for arg, before, after in zip(("gates", "c_prev"), versions, (gates._version, c_prev._version)):
+        if after != before:
+            raise ValueError(in_place_message(cls, method, arg))
+    if not isinstance(out, Tensor) or out.shape != c_prev.shape:
+        raise ValueError(shape_message(cell, method, out, gates, c_prev))
+    return out
 
 
 class ElementwiseCell(nn.Module, ABC):
@@ -36,6 +152,23 @@ class ElementwiseCell(nn.Module, ABC):
     window: ClassVar[int] = 1
     """How many consecutive inputs the projection reads (QRNN's width-2 filter: 2). Earlier inputs are
     feed-forward state, carried across segments but never differentiated through time."""
+    structural_check: ClassVar[bool] = True
+    """Whether RTRL and SnAP trace :meth:`recurrence` op by op before trusting it
+    (docs/custom_cell.md#what-the-element-wise-check-guarantees). Set it to False only for a recurrence that uses an op
+    the trace cannot follow and that you know to be element-wise; the numeric probes and RTRL's runtime verification
+    still run."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> ElementwiseCell:
+        # Remember the constructor's arguments, so that cell_spec() can name a way to build the cell again (checkpoints).
+        self = super().__new__(cls)
+        object.__setattr__(self, "_onlinerec_init", (args, kwargs))
+        return self
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("recurrence")
+        if callable(own) and not getattr(own, "__isabstractmethod__", False) and not hasattr(own, "_onlinerec_wrapped"):
+            cls.recurrence = _explained(own)  # type: ignore[method-assign]
 
     def __init__(self, input_size: int, hidden_size: int) -> None:
         super().__init__()

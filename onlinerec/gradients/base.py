@@ -26,6 +26,8 @@ class GradientMethod(ABC):
     """
 
     name: ClassVar[str]
+    supports_donation: ClassVar[bool] = False
+    """Whether :meth:`_unroll` takes ``donate=`` (a method that never updates a carry in place ignores donation)."""
 
     def check_cell(self, cell: ElementwiseCell) -> None:
         """Raise a clear error if this method cannot train ``cell`` (for a stack: any of its layers)."""
@@ -79,20 +81,32 @@ class GradientMethod(ABC):
             return StackCarry([c for c, _ in adapted]), any(restarted for _, restarted in adapted)
         if isinstance(carry, StackCarry):
             raise ValueError(_stack_carry_mismatch(cell, carry))
-        needed = self.sensitivity_names(cell)
-        if carry.sensitivities.keys() == set(needed):
+        needed, have = self.sensitivity_names(cell), set(carry.sensitivity_names())
+        if have == set(needed):
             return carry, False
-        if set(needed) <= carry.sensitivities.keys():
-            return Carry(carry.c, carry.window, {k: carry.sensitivities[k] for k in needed}), False
+        if set(needed) <= have:
+            sens, scale = carry.raw_sensitivities()  # a lazily scaled carry stays so (docs: Carry)
+            return Carry(carry.c, carry.window, {k: sens[k] for k in needed}, scale=scale), False
         fresh = self.init_carry(cell, carry.batch_size, device=carry.c.device, dtype=carry.c.dtype)
         return Carry(carry.c, carry.window, fresh.sensitivities), True
 
     def unroll(
-        self, cell: ElementwiseCell, inputs: Tensor, reset: Tensor, carry: Carry | StackCarry
+        self,
+        cell: ElementwiseCell,
+        inputs: Tensor,
+        reset: Tensor,
+        carry: Carry | StackCarry,
+        *,
+        donate: bool = False,
     ) -> tuple[Tensor, Carry | StackCarry]:
         """Run M steps. inputs (M, B, D) float, reset (M, B) bool -> states (M, B, N) ((M, B, K, N) for units of
         K > 1 components; the stack's output (M, B, output_size) for a :class:`~onlinerec.cells.Stack`) and the new
-        carry."""
+        carry.
+
+        ``donate=True`` gives up ``carry``: the method may update its tensors in place and return them in the new
+        carry, so the old one must not be used afterwards (its sensitivities may already hold the new values). RTRL
+        and SnAP then run the fully online step (M = 1) in place: no new sensitivity tensor per step. The default
+        leaves ``carry`` intact. ``OnlineRecurrentModule`` donates its own training streams' carries."""
         self.check_cell(cell)
         if isinstance(cell, Stack):
             if not isinstance(carry, StackCarry) or len(carry.layers) != cell.num_layers:
@@ -102,12 +116,23 @@ class GradientMethod(ABC):
                     f"inputs have D = {inputs.shape[-1]} features but the Stack's first layer was built with "
                     f"input_size = {cell.input_size}."
                 )
-            out, layers = cell.unroll_layers(lambda layer, x, c: self.unroll(layer, x, reset, c), inputs, carry.layers)
+            out, layers = cell.unroll_layers(
+                lambda layer, x, c: self.unroll(layer, x, reset, c, donate=donate), inputs, carry.layers
+            )
             return out, StackCarry(layers)
         if isinstance(carry, StackCarry):
             raise ValueError(_stack_carry_mismatch(cell, carry))
+        carry._check_not_donated()
         validate_segment(cell, inputs, reset, carry)
-        return self._unroll(cell, inputs, reset, carry)
+        if not donate:
+            return self._unroll(cell, inputs, reset, carry)
+        out = (
+            self._unroll(cell, inputs, reset, carry, donate=True)
+            if self.supports_donation
+            else self._unroll(cell, inputs, reset, carry)
+        )
+        carry._give_up()
+        return out
 
     @abstractmethod
     def _unroll(self, cell: ElementwiseCell, inputs: Tensor, reset: Tensor, carry: Carry) -> tuple[Tensor, Carry]: ...

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 
-@dataclass
 class Carry:
     """State of B streams between segments. Every tensor is detached; row b belongs to stream b.
 
@@ -25,12 +24,85 @@ class Carry:
             its bias (B, G, N, 1), a per-unit vector (B, 1, N, 1) and a (P, N) per-unit matrix (B, P, N, 1).
             With K > 1 components per unit each gains a component axis after B, dc[k]/dtheta:
             (B, K, G, N, window*D) for the input projection weight, (B, K, P, N, 1) for a per-unit parameter.
+
+    **Lazily scaled sensitivities.** A carry made by a fully online step that was given the old carry
+    (``unroll(..., donate=True)`` at M = 1, which ``OnlineRecurrentModule`` does for its training streams) holds
+    its sensitivities as S~ together with a per-stream, per-unit ``scale`` a (B, N): dc/dtheta = a[b, n] * S~[b, ..., n, :].
+    The decay of the sensitivities then costs a multiply of a, not a pass over S (docs/performance.md). ``sensitivities``
+    always reads dc/dtheta: for a scaled carry it is computed (a new dict of new tensors at each access; write
+    through :meth:`fold_` first to change the carried values in place). ``state_dict`` keeps S~ and a, so that
+    resuming continues bit for bit.
+
+    **Donated carries.** A carry given to ``unroll(..., donate=True)`` belongs to that call: its tensors may have
+    been updated in place into the returned carry, so reading its sensitivities afterwards raises.
     """
 
-    c: Tensor
-    window: Tensor | None = None
-    sensitivities: dict[str, Tensor] = field(default_factory=dict)
+    def __init__(
+        self,
+        c: Tensor,
+        window: Tensor | None = None,
+        sensitivities: dict[str, Tensor] | None = None,
+        *,
+        scale: Tensor | None = None,
+    ) -> None:
+        self.c = c
+        self.window = window
+        self._sensitivities: dict[str, Tensor] = {} if sensitivities is None else sensitivities
+        self._scale = scale
+        self._donated = False
 
+    # -- the sensitivities -------------------------------------------------------------------------
+    @property
+    def sensitivities(self) -> dict[str, Tensor]:
+        """dc/dtheta per tracked parameter (see the class docstring); for a lazily scaled carry a computed copy."""
+        self._check_not_donated()
+        if self._scale is None:
+            return self._sensitivities
+        return {k: _unscaled(v, self._scale) for k, v in self._sensitivities.items()}
+
+    @sensitivities.setter
+    def sensitivities(self, value: dict[str, Tensor]) -> None:
+        self._check_not_donated()
+        self._sensitivities, self._scale = value, None
+
+    @property
+    def scale(self) -> Tensor | None:
+        """The per-stream, per-unit factor (B, N) of lazily scaled sensitivities, or None (they are dc/dtheta)."""
+        return self._scale
+
+    def sensitivity_names(self) -> tuple[str, ...]:
+        """The tracked parameters' names, without computing any sensitivity."""
+        return tuple(self._sensitivities)
+
+    def raw_sensitivities(self) -> tuple[dict[str, Tensor], Tensor | None]:
+        """The stored tensors S~ and the scale a (None if unscaled), as they are: for gradient methods."""
+        self._check_not_donated()
+        return self._sensitivities, self._scale
+
+    def fold_(self) -> Carry:
+        """Apply a lazy scale to the stored tensors in place (one pass over them), so that ``sensitivities`` is the
+        live dict again; returns self."""
+        self._check_not_donated()
+        if self._scale is not None:
+            scale = self._scale
+            for v in self._sensitivities.values():
+                v.mul_(scale[:, None, :, None].to(v.dtype))
+            self._scale = None
+        return self
+
+    def _give_up(self) -> None:
+        """Mark this carry as donated to ``unroll``: its tensors now belong to the carry that call returned."""
+        self._donated = True
+
+    def _check_not_donated(self) -> None:
+        if self._donated:
+            raise RuntimeError(
+                "this carry was given to unroll(..., donate=True): its sensitivities may have been updated in place "
+                "into the carry that call returned, so they no longer describe this one. Use the returned carry (or "
+                "call unroll without donate=True to keep the old carry intact)."
+            )
+
+    # -- the rest ---------------------------------------------------------------------------------------
     @property
     def batch_size(self) -> int:
         return self.c.shape[0]
@@ -44,24 +116,49 @@ class Carry:
         return Carry(c=self.c, window=self.window)
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain tensors only, so checkpoints load with ``torch.load(weights_only=True)``."""
-        return {"c": self.c, "window": self.window, "sensitivities": dict(self.sensitivities)}
+        """Plain tensors only, so checkpoints load with ``torch.load(weights_only=True)``. A lazily scaled carry adds
+        ``"scale"`` and stores S~ under ``"sensitivities"`` (dc/dtheta = scale[:, None, :, None] * S~)."""
+        sens, scale = self.raw_sensitivities()
+        state = {"c": self.c, "window": self.window, "sensitivities": dict(sens)}
+        if scale is not None:
+            state["scale"] = scale
+        return state
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> Carry:
-        return cls(c=state["c"], window=state.get("window"), sensitivities=dict(state.get("sensitivities", {})))
+        return cls(
+            c=state["c"],
+            window=state.get("window"),
+            sensitivities=dict(state.get("sensitivities", {})),
+            scale=state.get("scale"),
+        )
 
     def to(self, device: torch.device | str) -> Carry:
+        sens, scale = self.raw_sensitivities()
         return Carry(
             c=self.c.to(device),
             window=None if self.window is None else self.window.to(device),
-            sensitivities={k: v.to(device) for k, v in self.sensitivities.items()},
+            sensitivities={k: v.to(device) for k, v in sens.items()},
+            scale=None if scale is None else scale.to(device),
         )
 
     def nbytes(self) -> int:
         """Bytes held by the carried tensors (sensitivities dominate for RTRL)."""
-        tensors = [self.c, *self.sensitivities.values()] + ([] if self.window is None else [self.window])
+        tensors = [self.c, *self._sensitivities.values()]
+        tensors += [t for t in (self.window, self._scale) if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors)
+
+    def __repr__(self) -> str:
+        shapes = {k: tuple(v.shape) for k, v in self._sensitivities.items()}
+        extra = ", scaled" if self._scale is not None else ""
+        extra += ", donated" if self._donated else ""
+        window = None if self.window is None else tuple(self.window.shape)
+        return f"Carry(c={tuple(self.c.shape)}, window={window}, sensitivities={shapes}{extra})"
+
+
+def _unscaled(s: Tensor, scale: Tensor) -> Tensor:
+    """dc/dtheta from lazily scaled S~ (B, P, N, F) and the scale (B, N)."""
+    return s * scale[:, None, :, None].to(s.dtype)
 
 
 @dataclass

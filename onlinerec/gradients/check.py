@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from onlinerec.cells.base import ElementwiseCell
+from onlinerec.cells.base import ElementwiseCell, call_checked
 from onlinerec.cells.stack import Stack
 from onlinerec.gradients.base import GradientMethod
 from onlinerec.gradients.rtrl import RTRL
@@ -128,6 +128,8 @@ def check_gradients(
     """
     method = RTRL() if method is None else method
     cell = copy.deepcopy(cell).double()
+    check_contract(cell)  # a broken cell is named, with its fix, before any reference runs it
+    method.check_cell(cell)
     gen = torch.Generator().manual_seed(seed)
     inputs = torch.randn(steps, batch_size, cell.input_size, generator=gen, dtype=torch.float64)
     reset = torch.rand(steps, batch_size, generator=gen) < 0.08
@@ -136,6 +138,21 @@ def check_gradients(
     expected, _ = bptt_gradients(cell, inputs, reset, weights)
     got, _, _ = method_gradients(method, cell, inputs, reset, weights, segment)
     return {k: ((got[k] - v).norm() / v.norm().clamp_min(1e-300)).item() for k, v in expected.items()}
+
+
+def check_contract(cell: ElementwiseCell) -> None:
+    """One step of ``cell`` (every layer of a stack) on random inputs, with the errors of
+    :func:`~onlinerec.cells.base.call_checked`: a forgotten ``num_gates``, an input changed in place, a new state of
+    the wrong shape."""
+    if isinstance(cell, Stack):
+        for layer in cell.layers:
+            check_contract(layer)
+        return
+    ref = cell.input_proj.weight
+    gen = torch.Generator().manual_seed(0)
+    gates = torch.randn(3, cell.num_gates, cell.hidden_size, generator=gen, dtype=torch.float64)
+    c_prev = torch.randn(3, *cell.state_shape, generator=gen, dtype=torch.float64)
+    call_checked(cell, gates.to(ref), c_prev.to(ref))
 
 
 class StepwiseCarry(SensitivityMethod):

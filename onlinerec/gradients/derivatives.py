@@ -3,7 +3,8 @@
 For an element-wise recurrence c = r(gates, c_prev; p), unit n of c reads only unit n of its inputs, so:
 - one reverse-mode pass with a cotangent of ones yields dc/dc_prev (the diagonal Jacobian) and dc/dgates;
 - one forward-mode pass per row k of a per-unit parameter p viewed as (P, N) yields dc/dp[k] per batch row.
-:func:`check_elementwise` verifies that premise numerically before any of this is trusted.
+:func:`check_elementwise` verifies that premise (structurally, by tracing the ops, and numerically at several scales)
+before any of this is trusted, and :func:`verify_linearization` checks it again on live states (RTRL's ``verify``).
 
 Units of K > 1 components (state (R, K, N)) take K reverse passes instead of one, with the cotangent of ones on one
 component at a time: pass j yields row j of each unit's K x K Jacobian block, dc_j/dgates and dc_j/dp.
@@ -18,6 +19,7 @@ cells that fail the test keep the forward-mode path.
 from __future__ import annotations
 
 import copy
+import math
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +27,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jvp, vmap
+
+from onlinerec.cells.base import call_checked
+from onlinerec.gradients.structure import structural_violation
 
 
 class NotElementwiseError(TypeError):
@@ -240,9 +245,9 @@ def recurrence_parameters(
     return names
 
 
-def _state(rows: int, n: int, components: int, gen: torch.Generator) -> Tensor:
+def _state(rows: int, n: int, components: int, gen: torch.Generator, device: torch.device | None = None) -> Tensor:
     shape = (rows, n) if components == 1 else (rows, components, n)
-    return torch.randn(shape, generator=gen, dtype=torch.float64)
+    return torch.randn(shape, generator=gen, dtype=torch.float64).to(device or "cpu")
 
 
 def _find_gate_weights(
@@ -252,11 +257,11 @@ def _find_gate_weights(
     gen = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for p in probe.parameters():
-            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+            p.add_(0.3 * _randn(p.shape, gen, p.device))
     params = dict(probe.named_parameters())
     params = {k: params[k] for k in names}
-    gates = torch.randn(5, num_gates, n, generator=gen, dtype=torch.float64)
-    c_prev = torch.randn(5, n, generator=gen, dtype=torch.float64)
+    gates = _randn((5, num_gates, n), gen, _device(probe))
+    c_prev = _randn((5, n), gen, _device(probe))
     try:
         local = _forward_mode(probe, method, params, gates, c_prev)
     except Exception:  # noqa: BLE001 - no map, the general path is used
@@ -286,13 +291,13 @@ def _per_row_matches(
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():  # structure, not current values (as in check_elementwise)
         for p in probe.parameters():
-            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+            p.add_(0.3 * _randn(p.shape, gen, p.device))
     params = dict(probe.named_parameters())
     params = {k: params[k] for k in names}
     taken = {1, num_gates, n, components} | {p.numel() // n for p in params.values()}
     r = next(k for k in range(3, 10**6) if k not in taken)
-    gates = torch.randn(r, num_gates, n, generator=gen, dtype=torch.float64)
-    c_prev = _state(r, n, components, gen)
+    gates = _randn((r, num_gates, n), gen, _device(probe))
+    c_prev = _state(r, n, components, gen, _device(probe))
     try:
         fast = _reverse_per_row(probe, method, params, gates, c_prev)
     except Exception:  # noqa: BLE001 - any failure just means "use the general path"
@@ -309,64 +314,220 @@ def _per_row_matches(
     )
 
 
+PROBE_SCALES = (0.1, 1.0, 4.0, 16.0)
+"""The numeric probe runs at states and gates scaled by each of these, so that a recurrence that mixes units only in
+some region of its state (|c| > 2, say) is seen wherever that region is (docs/custom_cell.md)."""
+
+_ADVICE = (
+    "Exact RTRL needs a diagonal recurrent Jacobian (one K x K block per unit for units of K components); for a cell "
+    "like this use SnAPStrategy (a diagonal approximation, for FullyRecurrentCell subclasses) or TBPTTStrategy."
+)
+
+
+def _device(module: nn.Module) -> torch.device:
+    return next((t.device for t in module.parameters()), torch.device("cpu"))
+
+
+def _randn(shape: tuple[int, ...], gen: torch.Generator, device: torch.device) -> Tensor:
+    return torch.randn(shape, generator=gen, dtype=torch.float64).to(device)
+
+
+def _mismatch(expected: Tensor, actual: Tensor, tol: float, scale: float | None = None) -> float | None:
+    """How far ``actual`` is from ``expected`` relative to ``scale`` (default: 1 + their largest magnitude), if more
+    than ``tol``; else None. Non-finite entries (a probe point where the recurrence overflows) are left out."""
+    diff = (actual - expected).abs().amax().item()
+    top = max(expected.abs().amax().item(), actual.abs().amax().item()) if expected.numel() else 0.0
+    if not (math.isfinite(diff) and math.isfinite(top)):
+        finite = expected.isfinite() & actual.isfinite()
+        if not bool(finite.any()):
+            return None
+        return _mismatch(expected[finite], actual[finite], tol, scale)
+    scale = 1 + top if scale is None else max(scale, top)
+    return None if diff <= tol * scale else diff / max(scale, 1e-300)
+
+
 def check_elementwise(
     cell: nn.Module, method: str, exclude: tuple[str, ...], num_gates: int, n: int, components: int = 1
 ) -> tuple[str, ...]:
-    """Probe ``cell.<method>`` at a random float64 point: for an element-wise map, a Jacobian-vector
-    product with a random tangent equals the diagonal derivative times that tangent (with K = ``components`` > 1,
-    each unit's K x K block times the tangent's K components of that unit). Any map that mixes units or batch rows
-    fails this with probability one."""
+    """Check that ``cell.<method>`` is element-wise per unit (with K = ``components`` > 1: per unit of K numbers, which
+    it may mix), in three ways, on a float64 copy with perturbed parameters:
+
+    1. the contract (:func:`~onlinerec.cells.base.call_checked`): enough gates, inputs left unchanged, the new state of
+       c_prev's shape; every parameter it reads is per unit, of shape (N,) or (P, N);
+    2. structurally (:func:`~onlinerec.gradients.structure.structural_violation`, unless the cell sets
+       ``structural_check = False``): traced op by op, no value moves between units or batch rows, whichever branch
+       of a ``torch.where`` is taken;
+    3. numerically, at random points with states and gates scaled by each of :data:`PROBE_SCALES`: a Jacobian-vector
+       product with a random tangent equals the diagonal derivative (each unit's K x K block) times that tangent.
+
+    Returns the names of the per-unit parameters it reads.
+
+    Raises:
+        NotElementwiseError: naming the cell class, what mixes units and what to use instead.
+        ValueError, IndexError: a broken contract (wrong output shape, an input changed in place, a forgotten
+            ``num_gates``), naming the cell and the fix.
+    """
     cls = type(cell).__name__
+    where = f"{cls}.{method}"
     probe = copy.deepcopy(cell).double()
+    device = _device(probe)
     bound = _Bound(probe, method)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():  # structure, not current values: a zero-initialised mixing matrix must not hide
         for p in probe.parameters():
-            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
-    gates = torch.randn(3, num_gates, n, generator=gen, dtype=torch.float64)
-    c_prev = _state(3, n, components, gen)
+            p.add_(0.3 * _randn(p.shape, gen, device))
+    rows = next(r for r in range(3, 100) if r not in (num_gates, n, components))
+    gates = _randn((rows, num_gates, n), gen, device)
+    c_prev = _randn((rows, n) if components == 1 else (rows, components, n), gen, device)
+    call_checked(probe, gates, c_prev, method)
     candidates = {k: p for k, p in probe.named_parameters() if not k.startswith(exclude)}
     with torch.enable_grad():
-        out = bound(gates.requires_grad_(True), c_prev)  # a gradient path even if no parameter is read
-        if out.shape != c_prev.shape:
-            raise ValueError(
-                f"{cls}.{method} returned shape {tuple(out.shape)} for c_prev of shape {tuple(c_prev.shape)}; it must return the new state with c_prev's shape."
-            )
+        out = bound(gates.clone().requires_grad_(True), c_prev)  # a gradient path even if no parameter is read
         used = torch.autograd.grad(out.sum(), list(candidates.values()), allow_unused=True) if candidates else []
     names = tuple(k for (k, _), gr in zip(candidates.items(), used) if gr is not None)
     for k in names:
-        if candidates[k].shape[-1] != n:
+        shape = tuple(candidates[k].shape)
+        if not shape:
             raise NotElementwiseError(
-                f"{cls}.{method} uses parameter {k!r} of shape {tuple(candidates[k].shape)}, but a per-unit parameter "
+                f"{where} reads the parameter {k!r} of shape () (one number shared by all units). A parameter that "
+                f"the recurrence reads must be per unit, of shape (N,) or (P, N) with N = hidden_size = {n}, because "
+                f"RTRL carries its sensitivity per unit: give every unit its own copy, nn.Parameter(torch.full(({n},), "
+                "value)); keep a number that is not trained as a Python float or a buffer (register_buffer); or "
+                "train this cell with TBPTTStrategy."
+            )
+        if shape[-1] != n:
+            raise NotElementwiseError(
+                f"{where} uses parameter {k!r} of shape {shape}, but a per-unit parameter "
                 f"must have shape (N,) or (K, N) with N = hidden_size = {n}. If it mixes hidden units, exact RTRL "
                 "does not apply: train this cell with SnAPStrategy or TBPTTStrategy."
             )
     params = {k: candidates[k] for k in names}
-    gates = gates.detach()
-    local = _forward_mode(probe, method, params, gates, c_prev)
-
-    def mismatch(what: str, expected: Tensor, actual: Tensor) -> None:
-        if not torch.allclose(actual, expected, rtol=1e-9, atol=1e-9 * (1 + expected.abs().max().item())):
+    if getattr(cell, "structural_check", True):
+        plain = {k: p.detach().clone() for k, p in params.items()}
+        with substituted(probe, plain):
+            why = structural_violation(lambda g, c: getattr(probe, method)(g, c), gates, c_prev, plain)
+        if why is not None:
+            unknown = "structural check" in why  # an op the trace cannot follow, rather than a proven mixing
             raise NotElementwiseError(
-                f"{cls}.{method} is not element-wise in {what}: unit n of the new state depends on other hidden "
-                "units (or other batch rows). Exact RTRL needs a diagonal recurrent Jacobian (one K x K block per unit "
-                "for units of K components); for a cell like this "
-                "use SnAPStrategy (a diagonal approximation, for FullyRecurrentCell subclasses) or TBPTTStrategy."
+                f"{where} is not element-wise: it {why}. {_ADVICE}"
+                + (
+                    f" If you know that it is element-wise, set `structural_check = False` on {cls}: RTRL then "
+                    "relies on the numeric probes and its runtime verification."
+                    if unknown
+                    else ""
+                )
             )
-
     frozen = {f"cell.{k}": v.detach() for k, v in params.items()}
-    v = torch.randn(c_prev.shape, generator=gen, dtype=torch.float64)
-    call_c = lambda c: functional_call(bound, frozen, (gates, c))  # noqa: E731
     blocks = components > 1  # d_state (R, K, K, N), d_gates (R, K, G, N): contract the input axis
-    expected_c = (local.d_state * v.unsqueeze(1)).sum(2) if blocks else local.d_state * v
-    mismatch("its previous state c_prev", expected_c, jvp(call_c, (c_prev,), (v,))[1])
-    vg = torch.randn(gates.shape, generator=gen, dtype=torch.float64)
-    call_g = lambda g: functional_call(bound, frozen, (g, c_prev))  # noqa: E731
-    expected_g = (local.d_gates * vg.unsqueeze(1)).sum(2) if blocks else (local.d_gates * vg).sum(-2)
-    mismatch("its gates", expected_g, jvp(call_g, (gates,), (vg,))[1])
-    for k, p in params.items():
-        t = torch.randn(p.shape, generator=gen, dtype=torch.float64)
-        call_p = lambda q, k=k: functional_call(bound, {**frozen, f"cell.{k}": q}, (gates, c_prev))  # noqa: E731
-        expected = (local.d_params[k] * t.reshape(1, -1, n)).sum(-2)
-        mismatch(f"parameter {k!r}", expected, jvp(call_p, (p.detach(),), (t,))[1])
+    for scale in PROBE_SCALES:  # at scale 1 each input on its own; elsewhere all at once, apart only to name a culprit
+        g_s, c_s = gates * scale, c_prev * scale
+        local = _forward_mode(probe, method, params, g_s, c_s)
+        at = "" if scale == 1.0 else f" (with states and gates scaled x{scale:g})"
+        tangents = {"c": _randn(c_s.shape, gen, device), "g": _randn(g_s.shape, gen, device)}
+        tangents |= {k: _randn(p.shape, gen, device) for k, p in params.items()}
+        if blocks:
+            expected_c = (local.d_state * tangents["c"].unsqueeze(1)).sum(2)
+            expected_g = (local.d_gates * tangents["g"].unsqueeze(1)).sum(2)
+        else:
+            expected_c, expected_g = local.d_state * tangents["c"], (local.d_gates * tangents["g"]).sum(-2)
+        parts = {"its previous state c_prev": ("c", expected_c), "its gates": ("g", expected_g)}
+        parts |= {f"parameter {k!r}": (k, (local.d_params[k] * tangents[k].reshape(1, -1, n)).sum(-2)) for k in params}
+
+        def call(g: Tensor, c: Tensor, *ps: Tensor) -> Tensor:
+            return functional_call(bound, {**frozen, **{f"cell.{k}": q for k, q in zip(params, ps)}}, (g, c))
+
+        primals = (g_s, c_s, *(p.detach() for p in params.values()))
+        order = ["g", "c", *params]
+
+        def actual(only: str | None) -> Tensor:
+            chosen = tuple(tangents[k] if only in (None, k) else torch.zeros_like(x) for k, x in zip(order, primals))
+            return jvp(call, primals, chosen)[1]
+
+        joint_ok = _mismatch(sum(e for _, e in parts.values()), actual(None), 1e-9) is None
+        if joint_ok and scale != 1.0:
+            continue
+        culprits = [
+            what for what, (key, expected) in parts.items() if _mismatch(expected, actual(key), 1e-9) is not None
+        ]
+        if culprits or not joint_ok:
+            raise NotElementwiseError(
+                f"{where} is not element-wise in {culprits[0] if culprits else 'its inputs'}{at}: unit n of the new "
+                f"state depends on other hidden units (or other batch rows). {_ADVICE}"
+            )
     return names
+
+
+def verify_linearization(
+    cell: nn.Module,
+    names: tuple[str, ...],
+    params: dict[str, Tensor],
+    gates: Tensor,
+    c_prev: Tensor,
+    keep: Tensor,
+    jh: Tensor,
+    d_gates: Tensor,
+    d_params: dict[str, Tensor],
+    *,
+    where: str,
+    seed: int = 0,
+) -> None:
+    """Check the derivatives a scan used, on live states: one vector-Jacobian product of ``cell.recurrence`` with a
+    random cotangent u (one reverse pass, cheaper than a forward-mode one in eager PyTorch) against what the diagonal
+    derivatives (K x K blocks) predict, for c_prev, the gates and the per-unit parameters. A recurrence that mixes
+    units (or rows) at these states fails it: the gradient of unit m's input then collects u_n J_nm from some n != m.
+
+    Shapes: steps T and streams B, gates (T, B, G, N), c_prev (T, B, N) or (T, B, K, N) after the reset mask, keep
+    (T, B), and jh, d_gates, d_params as in :class:`~onlinerec.gradients.scan.Linearization` (jh masked by keep).
+
+    Raises:
+        NotElementwiseError: naming the cell, the segment and step (``where``), and what to do.
+    """
+    t, b = keep.shape
+    blocks = c_prev.dim() == 4
+    work = torch.promote_types(c_prev.dtype, torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    rows = lambda x: x.detach().reshape(t * b, *x.shape[2:]).to(work)  # noqa: E731
+    r = t * b
+    device = c_prev.device
+    # A cotangent that varies along rows and along units (and components) at the cost of two small random vectors:
+    # a map that mixes units or rows still fails the check with probability one.
+    lead = torch.randn(r, generator=gen, dtype=work).to(device)
+    inner = torch.randn(tuple(c_prev.shape[2:]), generator=gen, dtype=work).to(device)
+    u = lead.reshape(r, *([1] * inner.dim())) * inner
+    kept = keep.detach().reshape(r, *([1] * inner.dim())).to(work)
+    with torch.enable_grad(), torch.autocast(device.type, enabled=False):
+        g = rows(gates).requires_grad_(True)
+        c = rows(c_prev).requires_grad_(True)
+        ps = {k: params[k].detach().to(work).requires_grad_(True) for k in names}
+        with substituted(cell, ps):
+            out = cell.recurrence(g, c)
+        got = torch.autograd.grad(out, (g, c, *ps.values()), u, allow_unused=True)
+    got = [torch.zeros_like(x) if y is None else y for x, y in zip((g, c, *ps.values()), got)]
+    with torch.no_grad():
+        j, dg = rows(jh), rows(d_gates)
+        if blocks:  # j (R, K, K, N), dg (R, K, G, N), d_params (R, K, P, N): contract the output component k
+            parts = [(dg * u.unsqueeze(2)).sum(1), (j * u.unsqueeze(2)).sum(1)]
+            parts += [(rows(d_params[k]) * u.unsqueeze(2)).sum(1) for k in names]
+        else:  # j (R, N), dg (R, G, N), d_params (R, P, N)
+            parts = [dg * u.unsqueeze(1), j * u] + [rows(d_params[k]) * u.unsqueeze(1) for k in names]
+        expected = [parts[0], parts[1]] + [p.sum(0).reshape(ps[k].shape) for p, k in zip(parts[2:], names)]
+        scales = [parts[0].abs().amax().item(), parts[1].abs().amax().item()]
+        scales += [p.abs().sum(0).amax().item() for p in parts[2:]]  # rounding grows with the sum over rows
+        got[1] = got[1] * kept  # jh is zero where a reset cuts the stream
+    # The scan's own precision sets the tolerance: its inputs' dtypes, or autocast's when it ran under autocast.
+    dtypes = [x.dtype for x in (gates, c_prev, jh, d_gates) if x.dtype.is_floating_point]
+    if torch.is_autocast_enabled(device.type):
+        dtypes.append(torch.get_autocast_dtype(device.type))
+    tol = max(1e-8, min(0.05, 1000 * max(torch.finfo(d).eps for d in dtypes)))
+    errors = [_mismatch(e, a, tol, sc) for e, a, sc in zip(expected, got, scales)]
+    err = max((e for e in errors if e is not None), default=None)
+    if err is not None:
+        raise NotElementwiseError(
+            f"{type(cell).__name__}.recurrence mixed hidden units (or batch rows) on live states ({where}): a "
+            f"vector-Jacobian product of the recurrence differs from what its diagonal derivatives predict by "
+            f"{err:.2g} (relative; tolerance {tol:.0e}). The cell passed RTRL's structural and numeric checks, so "
+            "its mixing depends on values that these did not see (a decision made outside torch, e.g. with .tolist() "
+            "or NumPy, or a region of the state the probes did not reach), and RTRL's gradient would be wrong. Make "
+            "the recurrence element-wise for every state, or train this cell with TBPTTStrategy (or, written as a "
+            "FullyRecurrentCell, with SnAPStrategy)."
+        )

@@ -20,9 +20,8 @@ equal (up to float rounding), and the learner's RTRL sensitivities are exact for
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import lightning as L
@@ -32,15 +31,19 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
 from onlinerec.data.segment import Segment
-from onlinerec.rl.envs.base import ensure_contract
+from onlinerec.rl.envs.base import action_kind, ensure_contract, run_env_seed
+from onlinerec.rl.nets import flatten_observation, text_ids
+from onlinerec.rl.policy import ActionHead, CategoricalHead
 
 __all__ = [
     "Actor",
     "RolloutDataModule",
     "RolloutSegment",
     "RolloutStream",
+    "action_head_of",
     "check_agent_fits_env",
     "default_action_repeat",
+    "obs_to_tensor",
 ]
 
 
@@ -51,10 +54,48 @@ class Actor(Protocol):
     def act(
         self, obs: Tensor, reward: Tensor, reset: Tensor, *, greedy: bool = False, stream: str = "act"
     ) -> tuple[Tensor, Tensor]:
-        """One agent step for B streams: obs (B, ...), last reward (B,), reset (B,) bool (obs starts an episode:
-        zero the carried state first) -> (actions (B,) int64, logits (B, A)). Advances the carried state of
-        ``stream``; runs without gradient."""
+        """One agent step for B streams: obs (B, ...) (or a flat dict of such tensors for Dict/Tuple observations),
+        last reward (B,), reset (B,) bool (obs starts an episode: zero the carried state first) -> (actions,
+        distribution parameters (B, P)). Discrete: actions (B,) int64 and logits (B, A). Advances the carried state
+        of ``stream``; runs without gradient.
+
+        An agent with continuous actions also has ``action_head`` (:class:`~onlinerec.rl.policy.ActionHead`: the
+        rollout reads log-probs from it) and ``env_actions(actions)`` (what the env is sent); without them the
+        actions are sent as they are and scored as a softmax over the parameters."""
         ...
+
+
+def obs_to_tensor(obs: Any, device: torch.device | str | None = None) -> Tensor | dict[str, Tensor]:
+    """A batched observation as the agent reads it: an array becomes a tensor; a Dict/Tuple observation a flat dict
+    of tensors (:func:`~onlinerec.rl.nets.flatten_observation`: nested keys joined with ``.``, Tuple items by index),
+    text values becoming their CRC-32 ids (:func:`~onlinerec.rl.nets.text_ids`)."""
+    flat = flatten_observation(obs)
+    if isinstance(flat, dict):
+        return {k: _leaf_tensor(v, device) for k, v in flat.items()}
+    return _leaf_tensor(flat, device)
+
+
+def _leaf_tensor(value: Any, device: torch.device | str | None) -> Tensor:
+    if isinstance(value, Tensor):
+        return value.to(device) if device is not None else value
+    arr = np.asarray(value)
+    if arr.dtype.kind in "USO":
+        t = text_ids(arr)
+    else:
+        t = torch.as_tensor(arr)
+    return t.to(device) if device is not None else t
+
+
+def _tree_map(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    if isinstance(value, dict):
+        return {k: fn(v) for k, v in value.items()}
+    return fn(value)
+
+
+def _stack(values: list[Any]) -> Any:
+    if isinstance(values[0], dict):
+        return {k: torch.stack([v[k] for v in values]) for k in values[0]}
+    return torch.stack(values)
 
 
 @dataclass
@@ -66,15 +107,24 @@ class RolloutSegment(Segment):
     ============================  ===========  ===================================================================
     field                         shape/dtype  meaning at entry t
     ============================  ===========  ===================================================================
-    ``inputs``                    (T, B, ...)  observation obs_t (uint8 frames or small vectors, as the env gives)
+    ``inputs``                    (T, B, ...)  observation obs_t (uint8 frames or small vectors, as the env gives);
+                                               Dict/Tuple observations: a flat dict of such tensors (keys from
+                                               :func:`~onlinerec.rl.nets.flat_spaces`; text as int64 ids)
     ``reset``                     (T, B) bool  obs_t starts an episode (or a life): carried state zeroed before t;
                                                also "done" for the discount (gamma_{t-1} = 0). True at the first
                                                step of every stream.
     ``targets``                   None         (supervised field, unused)
     ``rewards``                   (T, B) f32   raw reward that arrived with obs_t (0 at a stream's first step)
-    ``actions``                   (T, B) i64   action taken at obs_{t-1} that led to obs_t (0 at the first step)
-    ``behaviour_logits``          (T, B, A)    actor's logits at obs_{t-1} (zeros at the first step)
-    ``behaviour_logp``            (T, B) f32   log mu(actions_t | obs_{t-1}) under those logits
+    ``actions``                   (T, B) i64   action taken at obs_{t-1} that led to obs_t (0 at the first step).
+                                  or           Box actions: (T, B, A) f32, A = prod(shape): the policy's sample u
+                                  (T, B, A)    in its normalised space, before clipping/tanh (the env was sent
+                                  f32          ``agent.env_actions(u)``); log-probs are of u (of tanh(u) when
+                                               squashed). Zeros at the first step.
+    ``behaviour_logits``          (T, B, P)    the behaviour distribution's parameters at obs_{t-1}: the logits
+                                  f32          (P = A) for Discrete; [mean; log-std] (P = 2A) for a Gaussian
+                                               (:mod:`onlinerec.rl.policy`). Zeros at the first step.
+    ``behaviour_logp``            (T, B) f32   log mu(actions_t | obs_{t-1}) under those parameters (at the first
+                                               step: the uniform policy's -log A, or 0 for a Box; never used)
     ``episode_end``               (T, B) bool  a real episode (game over, not a lost life) ended with the step that
                                                led to obs_t
     ``episode_return``            (T, B) f32   that episode's undiscounted return, where ``episode_end``
@@ -99,8 +149,19 @@ class RolloutSegment(Segment):
     env_restarts: int = 0
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        t, b = self.inputs.shape[:2]
+        if isinstance(self.inputs, dict):
+            leaves = list(self.inputs.values())
+            if not leaves or not all(isinstance(v, Tensor) and v.dim() >= 2 for v in leaves):
+                raise ValueError("RolloutSegment.inputs as a dict needs (T, B, ...) tensors as values.")
+            if len({tuple(v.shape[:2]) for v in leaves}) != 1:
+                raise ValueError(
+                    "RolloutSegment.inputs: every key must start with the same (T, B); got "
+                    f"{ {k: tuple(v.shape) for k, v in self.inputs.items()} }."
+                )
+            Segment(leaves[0], self.reset)  # the reset flags' checks, against (T, B)
+        else:
+            super().__post_init__()
+        t, b = self._lead_shape
         if t < 2:
             raise ValueError(f"a RolloutSegment needs M + 1 >= 2 entries (M >= 1), got {t}.")
         for name in (
@@ -120,6 +181,27 @@ class RolloutSegment(Segment):
     distinct_per_rank: ClassVar[bool] = True  # every rank acts in its own envs, seeded apart by rank
 
     @property
+    def _lead_shape(self) -> tuple[int, int]:
+        """(T, B) of the inputs (a tensor, or a dict of them)."""
+        lead = next(iter(self.inputs.values())) if isinstance(self.inputs, dict) else self.inputs
+        return int(lead.shape[0]), int(lead.shape[1])
+
+    @property
+    def length(self) -> int:
+        return self._lead_shape[0]
+
+    @property
+    def num_streams(self) -> int:
+        return self._lead_shape[1]
+
+    def to(self, device: torch.device | str) -> RolloutSegment:
+        values: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        moved = {
+            k: _tree_map(v, lambda x: x.to(device)) if isinstance(v, (Tensor, dict)) else v for k, v in values.items()
+        }
+        return type(self)(**moved)
+
+    @property
     def steps(self) -> int:
         """M: the learner trains on entries 0..M-1; entry M only supplies the bootstrap value."""
         return self.length - 1
@@ -136,23 +218,51 @@ def default_action_repeat(env_id: str) -> int:
 
 
 def check_agent_fits_env(agent: Any, env: Any) -> None:
-    """Refuse an agent built for another action count or observation shape than ``env``'s (one stream's spaces).
+    """Refuse an agent built for other actions or observations than ``env``'s (one stream's spaces).
 
-    Reads ``agent.num_actions`` and ``agent.obs_shape`` where the agent has them (R2AC does).
+    Reads, where the agent has them (R2AC does): ``agent.action_space`` (a gymnasium space, compared with the env's
+    ``single_action_space``), else ``agent.num_actions`` (a Discrete env's ``n``) or ``agent.action_dim`` (a Box env's
+    flat size); ``agent.observation_space`` (compared with ``single_observation_space``), else ``agent.obs_shape``.
+    An action space onlinerec cannot act in (e.g. a Tuple mixing Discrete and Box) is refused whatever the agent.
     """
+    import gymnasium
+
     env_name = (getattr(env, "metadata", None) or {}).get("env_id") or type(env).__name__
-    fix = (
-        "build the agent from the env's spaces: RolloutDataModule(...).env_spaces() returns (obs_shape, num_actions, _)"
-    )
+    fix = "build the agent from the env's spaces: RolloutDataModule(...).spaces() returns (observation_space, action_space, _)"
+    space = getattr(env, "single_action_space", None)
+    kind = action_kind(space, env_name) if space is not None else None
+    want_space = getattr(agent, "action_space", None)
+    if isinstance(want_space, gymnasium.Space) and space is not None and want_space != space:
+        raise ValueError(f"the agent acts in {want_space} but {env_name} has action space {space}: {fix}.")
     want = getattr(agent, "num_actions", None)
-    have = getattr(getattr(env, "single_action_space", None), "n", None)
+    have = getattr(space, "n", None) if kind == "discrete" else None
+    if want is not None and kind == "continuous":
+        raise ValueError(
+            f"the agent has num_actions = {int(want)} (a categorical policy) but {env_name} has continuous actions "
+            f"{space}: {fix}, with a Gaussian policy."
+        )
     if want is not None and have is not None and int(want) != int(have):
         raise ValueError(
             f"the agent has num_actions = {int(want)} but {env_name} has {int(have)} actions (single_action_space.n): "
             f"{fix}, e.g. R2AC(num_actions={int(have)}, ...)."
         )
+    want_dim = getattr(agent, "action_dim", None)
+    if want_dim is not None and space is not None:
+        if kind != "continuous":
+            raise ValueError(
+                f"the agent has action_dim = {int(want_dim)} (a Gaussian policy) but {env_name} has {space}: {fix}."
+            )
+        if int(want_dim) != int(np.prod(space.shape)):
+            raise ValueError(
+                f"the agent has action_dim = {int(want_dim)} but {env_name}'s actions {space} have "
+                f"{int(np.prod(space.shape))} dimensions: {fix}."
+            )
+    want_obs = getattr(agent, "observation_space", None)
+    have_obs = getattr(env, "single_observation_space", None)
+    if isinstance(want_obs, gymnasium.Space) and have_obs is not None and want_obs != have_obs:
+        raise ValueError(f"the agent expects observations {want_obs} but {env_name} gives {have_obs}: {fix}.")
     want_shape = getattr(agent, "obs_shape", None)
-    have_shape = getattr(getattr(env, "single_observation_space", None), "shape", None)
+    have_shape = getattr(have_obs, "shape", None)
     if want_shape is not None and have_shape is not None and tuple(want_shape) != tuple(have_shape):
         raise ValueError(
             f"the agent's stem expects observations of shape obs_shape = {tuple(want_shape)} but {env_name} gives "
@@ -160,8 +270,25 @@ def check_agent_fits_env(agent: Any, env: Any) -> None:
         )
 
 
+def action_head_of(agent: Any, action_space: Any) -> ActionHead:
+    """The agent's ``action_head`` (log-probs of its actions); for an agent without one, a softmax over its
+    parameters (Discrete action spaces only)."""
+    head = getattr(agent, "action_head", None)
+    if isinstance(head, ActionHead):
+        return head
+    n = getattr(action_space, "n", None)
+    if n is None:
+        raise ValueError(
+            f"{type(agent).__name__} has no action_head, so its actions are scored as a softmax over Discrete actions, "
+            f"but the env's action space is {action_space}. Give the agent an action_head (onlinerec.rl.policy)."
+        )
+    return CategoricalHead(1, int(n))
+
+
 EnvFactory = Callable[[int, int], Any]
-"""``factory(num_envs, seed) -> gymnasium.vector.VectorEnv`` (SAME_STEP autoreset, discrete actions)."""
+"""``factory(num_envs, seed) -> gymnasium.vector.VectorEnv``: any autoreset mode (NEXT_STEP/DISABLED envs are adapted,
+:func:`~onlinerec.rl.envs.base.ensure_contract`); ``seed`` is the env seed of :func:`~onlinerec.rl.envs.run_env_seed`
+— seed stream ``i`` with ``stream_seed(seed, i)``, or return an unseeded env and let the adapter do it."""
 
 
 class RolloutStream:
@@ -192,12 +319,13 @@ class RolloutStream:
         self.env_restarts = 0
         self.num_envs = int(self.env.num_envs)
         check_agent_fits_env(agent, self.env)
-        self._last: dict[str, Tensor] | None = None
+        self.head = action_head_of(agent, self.env.single_action_space)
+        self._last: dict[str, Any] | None = None
 
     # -- one entry ----------------------------------------------------------------------------
-    def _entry(self, obs, reward, reset, action, logits, logp, end, ret, length) -> dict[str, Tensor]:
+    def _entry(self, obs, reward, reset, action, logits, logp, end, ret, length) -> dict[str, Any]:
         return {
-            "inputs": torch.as_tensor(np.asarray(obs)),
+            "inputs": obs_to_tensor(obs),
             "rewards": torch.as_tensor(np.asarray(reward, dtype=np.float32)),
             "reset": torch.as_tensor(np.asarray(reset, dtype=bool)),
             "actions": action,
@@ -212,21 +340,9 @@ class RolloutStream:
         obs, info = self.env.reset()
         self.env_restarts += int(np.count_nonzero(info.get("restarted", False)))
         b = self.num_envs
-        n = int(self.env.single_action_space.n)
+        actions, params, logp = self.head.first_entry(b)
         zeros = np.zeros(b)
-        uniform = torch.zeros(b, n)
-        logp = torch.full((b,), -math.log(n))
-        return self._entry(
-            obs,
-            zeros,
-            np.ones(b, bool),
-            torch.zeros(b, dtype=torch.int64),
-            uniform,
-            logp,
-            zeros.astype(bool),
-            zeros,
-            zeros,
-        )
+        return self._entry(obs, zeros, np.ones(b, bool), actions, params, logp, zeros.astype(bool), zeros, zeros)
 
     # -- one segment --------------------------------------------------------------------------
     @torch.no_grad()
@@ -240,19 +356,24 @@ class RolloutStream:
         for _ in range(m):
             cur = entries[-1]
             actions, logits = self.agent.act(
-                cur["inputs"].to(self.device), cur["rewards"].to(self.device), cur["reset"].to(self.device)
+                _tree_map(cur["inputs"], lambda v: v.to(self.device)),
+                cur["rewards"].to(self.device),
+                cur["reset"].to(self.device),
             )
-            actions, logits = actions.detach().cpu().long(), logits.detach().cpu().float()
-            logp = torch.log_softmax(logits, -1).gather(-1, actions[:, None]).squeeze(-1)
-            obs, reward, terminated, truncated, info = self.env.step(actions.numpy())
+            to_env = getattr(self.agent, "env_actions", None)
+            env_actions = (to_env(actions) if to_env is not None else actions).detach().cpu()
+            actions = actions.detach().cpu().to(self.head.action_dtype)
+            logits = logits.detach().cpu().float()
+            logp = self.head.log_prob(logits, actions).float()
+            obs, reward, terminated, truncated, info = self.env.step(env_actions.numpy())
             done = np.logical_or(terminated, truncated)
             self.env_restarts += int(np.count_nonzero(info.get("restarted", False)))
             end, ret, length = info["episode_end"], info["episode_return"], info["episode_length"]
             entries.append(self._entry(obs, reward, done, actions, logits, logp, end, ret, length))
         self._last = entries[-1]
         self.frames += m * self.num_envs * self.action_repeat
-        fields = {k: torch.stack([e[k] for e in entries]) for k in entries[0]}
-        return RolloutSegment(**fields, frames=self.frames, env_restarts=self.env_restarts)
+        stacked = {k: _stack([e[k] for e in entries]) for k in entries[0]}
+        return RolloutSegment(**stacked, frames=self.frames, env_restarts=self.env_restarts)
 
     def close(self) -> None:
         close = getattr(self.env, "close", None)
@@ -289,7 +410,9 @@ class RolloutDataModule(L.LightningDataModule):
         env: an env id for :func:`onlinerec.rl.envs.make_vector_env` ("ALE/Qbert-v5", "procgen:chaser",
             "dmlab:rooms_watermaze", "memory:tmaze", ...) or a factory ``(num_envs, seed) -> VectorEnv``.
         num_envs: B, the number of streams on this process.
-        seed: env i gets ``seed + i`` (plus ``rank * num_envs`` on DDP rank ``rank``).
+        seed: the run's seed. The envs get ``run_env_seed(seed, purpose="train", rank=rank, restart=k)`` (DDP rank
+            ``rank``, k-th resume of this run), and stream ``i`` of it ``stream_seed(that, i)``: different seeds,
+            ranks and resumes share no env stream (``onlinerec.rl.envs`` documents the convention).
         action_repeat: frames per agent step for the frame counter; None: the env's ``metadata["frames_per_step"]``,
             else 4 for Atari/DMLab ids and 1 otherwise.
         env_kwargs: extra keyword arguments for ``make_vector_env``.
@@ -320,24 +443,30 @@ class RolloutDataModule(L.LightningDataModule):
 
     # -- envs -----------------------------------------------------------------------------------
     def make_env(self, num_envs: int, seed: int) -> Any:
-        """A vector env for ``num_envs`` streams seeded ``seed + i``."""
-        if callable(self.env):
-            return self.env(num_envs, seed)
+        """A vector env for ``num_envs`` streams under env seed ``seed`` (stream ``i``: ``stream_seed(seed, i)``),
+        adapted to the SAME_STEP contract if it is not (a factory may return any gymnasium vector env)."""
         from onlinerec.rl.envs import make_vector_env
 
-        return make_vector_env(self.env, num_envs, seed=seed, **self.env_kwargs)
+        return ensure_contract(make_vector_env(self.env, num_envs, seed=seed, **self.env_kwargs), seed=seed)
 
-    def env_spaces(self) -> tuple[tuple[int, ...], int, int]:
-        """(observation shape, number of actions, frames per agent step) of one stream, from a throwaway env."""
+    def spaces(self) -> tuple[Any, Any, int]:
+        """(observation space, action space, frames per agent step) of one stream, from a throwaway env."""
         env = self.make_env(1, self.seed)
         try:
-            return (
-                tuple(env.single_observation_space.shape),
-                int(env.single_action_space.n),
-                self.resolve_action_repeat(env),
-            )
+            return env.single_observation_space, env.single_action_space, self.resolve_action_repeat(env)
         finally:
             getattr(env, "close", lambda: None)()
+
+    def env_spaces(self) -> tuple[tuple[int, ...], int, int]:
+        """(observation shape, number of actions, frames per agent step) of one stream, for a Discrete-action env with
+        array observations; :meth:`spaces` gives the spaces themselves (Box actions, Dict/Tuple observations)."""
+        obs_space, act_space, repeat = self.spaces()
+        if not hasattr(act_space, "n") or obs_space.shape is None:
+            raise ValueError(
+                f"env_spaces() describes Discrete actions and array observations; this env has {act_space} and "
+                f"{obs_space}: use spaces(), which returns (observation_space, action_space, frames per step)."
+            )
+        return tuple(obs_space.shape), int(act_space.n), repeat
 
     def resolve_action_repeat(self, env: Any) -> int:
         """Frames per agent step: the argument, else the env's metadata, else the id's family default."""
@@ -374,8 +503,7 @@ class RolloutDataModule(L.LightningDataModule):
                 raise TypeError(
                     f"{type(agent).__name__} has no act(obs, reward, reset) step; RolloutDataModule needs one (see onlinerec.rl.Actor)."
                 )
-            rank = trainer.global_rank
-            seed = self.seed + rank * self.num_envs + 1_000_003 * self._restarts
+            seed = run_env_seed(self.seed, purpose="train", rank=trainer.global_rank, restart=self._restarts)
             env = self.make_env(self.num_envs, seed)
             try:
                 self.stream = RolloutStream(

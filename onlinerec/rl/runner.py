@@ -21,7 +21,15 @@ from typing import Any
 from onlinerec.gradients import METHODS
 from onlinerec.rl.r2ac import R2ACConfig
 
-__all__ = ["ExperimentConfig", "load_curve", "main", "parse_experiment", "plot_learning_curves", "run_experiment"]
+__all__ = [
+    "ExperimentConfig",
+    "load_curve",
+    "main",
+    "make_logger",
+    "parse_experiment",
+    "plot_learning_curves",
+    "run_experiment",
+]
 
 
 @dataclass
@@ -29,9 +37,11 @@ class ExperimentConfig:
     """One R2AC training run. Frame budgets count env frames (agent steps x action repeat; docs/r2ac.md#optimiser-and-hyper-parameters)."""
 
     env: str = "memory:tmaze"
-    """Env id for ``onlinerec.rl.envs.make_vector_env`` ("ALE/Breakout-v5", "procgen:chaser", "dmlab:rooms_watermaze", ...)."""
+    """Env id for ``onlinerec.rl.envs.make_vector_env`` ("ALE/Breakout-v5", "procgen:chaser", "dmlab:rooms_watermaze",
+    "gymnasium:CartPoleNoVel-v1", "factory:mypackage.envs.make_env", ...; docs/envs.md)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of the env family (e.g. ``distribution_mode``, ``length``)."""
+    """Keyword arguments of the env family (e.g. ``distribution_mode``, ``length``), and ``wrappers`` /
+    ``vector_wrappers``: lists of ``{class_path: ..., init_args: {...}}`` applied to each env / to the vector env."""
     eval_env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Overrides of ``env_kwargs`` for the final evaluation (e.g. ProcGen test levels)."""
     num_envs: int = 32
@@ -43,12 +53,17 @@ class ExperimentConfig:
     total_frames: float = 1e6
     """Training budget in env frames; training runs ``total_frames / (M * num_envs * action_repeat)`` updates."""
     cell: str | None = "elstm"
-    """Recurrent cell: a name in ``onlinerec.cells.CELLS`` ("elstm", "qrnn", "sru", "felstm") or a class path;
-    ``none`` (null) for the feed-forward baseline (no recurrent core)."""
+    """Recurrent cell: a name in ``onlinerec.cells.CELLS`` (element-wise, for every method: "elstm", "qrnn", "sru",
+    "lru", "mingru", "minlstm", "indrnn"; fully recurrent, for snap and tbptt only: "felstm", "lstm", "gru") or a class
+    path; ``none`` (null) for the feed-forward baseline (no recurrent core)."""
+    layers: int | None = None
+    """Stacked layers of the cell (``onlinerec.cells.Stack``, each with its own carry; docs/concepts.md#stacked-layers);
+    None: one layer. ``residual`` and ``norm`` of the stack go in ``cell_kwargs``."""
     hidden_size: int = 256
-    """N, the cell's width (256 Atari/ProcGen, 512 DMLab)."""
+    """N, the cell's width (256 Atari/ProcGen, 512 DMLab); per layer for a stack."""
     cell_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra cell arguments, e.g. ``{forget_bias: 1.0}``."""
+    """Extra cell arguments (every layer of a stack gets them), e.g. ``{forget_bias: 1.0}``; for a stack also
+    ``{residual: true, norm: rms}`` (``--layers 4 --cell_kwargs '{residual: true, norm: rms}'``)."""
     stem: str = "impala"
     """Vision stem: "impala" (paper), "nature" (cheaper on CPU), "mlp" (vector observations), "auto"."""
     fc_size: int = 256
@@ -60,7 +75,8 @@ class ExperimentConfig:
     r2ac: R2ACConfig = field(default_factory=R2ACConfig)
     """Losses and optimiser (the paper's defaults)."""
     seed: int = 0
-    """Seeds torch/numpy and the envs (stream i gets seed + i)."""
+    """Seeds torch/numpy and the envs: training and evaluation streams are derived from it with
+    ``numpy.random.SeedSequence`` (``onlinerec.rl.envs.run_env_seed``), so runs with different seeds share no stream."""
     eval_episodes: int = 10
     """Greedy evaluation episodes after training (0: none)."""
     eval_envs: int = 4
@@ -90,6 +106,14 @@ class ExperimentConfig:
     """Rich progress bar (frames/s, mean return)."""
     tensorboard: bool = True
     """Also log to TensorBoard (if installed)."""
+    loggers: list[Any] = field(default_factory=list)
+    """More Lightning loggers, each ``{class_path: ..., init_args: {...}}`` as in LightningCLI, or just a class path;
+    a bare class name is looked up in ``lightning.pytorch.loggers`` (``WandbLogger``, ``MLFlowLogger``, ...).
+    ``save_dir``, where the logger takes one and it is not given, is the run's folder (MLflow without
+    ``tracking_uri``: the SQLite store ``mlflow.db`` there). The CSV logger is always on (the learning curves read it) and TensorBoard follows ``tensorboard``."""
+    eval_video: bool = False
+    """Save the final evaluation's episodes of stream 0 as ``eval.gif`` in the run's folder: the env's frames
+    (gymnasium and MiniGrid ids get ``render_mode: rgb_array``), else its image observations."""
     accelerator: str = "auto"
     """Lightning accelerator ("cpu", "gpu", "auto")."""
 
@@ -115,6 +139,13 @@ class ExperimentConfig:
                 "the method (rtrl/tbptt/snap) then only sets M for the rollouts."
             )
         METHODS.resolve(self.method)  # an unknown name fails here, listing the choices
+        if self.layers is not None:
+            if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 1:
+                raise ValueError(f"layers must be an int >= 1 (or null for one layer), got {self.layers!r}.")
+            if "layers" in self.cell_kwargs:
+                raise ValueError("give the number of layers once: --layers or layers in --cell_kwargs, not both.")
+            if self.cell is None and self.layers > 1:
+                raise ValueError(f"layers={self.layers} needs a cell to stack (--cell none: no recurrent core).")
 
 
 def _strategy(cfg: ExperimentConfig):
@@ -129,18 +160,21 @@ def build(cfg: ExperimentConfig):
     from onlinerec.rl.rollout import RolloutDataModule
 
     dm = RolloutDataModule(cfg.env, num_envs=cfg.num_envs, seed=cfg.seed, env_kwargs=cfg.env_kwargs)
-    obs_shape, num_actions, repeat = dm.env_spaces()
+    obs_space, action_space, repeat = dm.spaces()
     updates = max(1, math.ceil(float(cfg.total_frames) / (cfg.M * cfg.num_envs * repeat)))
     r2ac = R2ACConfig(**{**asdict(cfg.r2ac), "total_updates": cfg.r2ac.total_updates or updates})
-    model = R2AC(
-        num_actions,
-        obs_shape,
+    cell_kwargs = dict(cfg.cell_kwargs)
+    if cfg.layers is not None and cfg.cell is not None:  # make_cell builds the Stack (kept in the checkpoint's kwargs)
+        cell_kwargs["layers"] = cfg.layers
+    model = R2AC.from_spaces(
+        obs_space,
+        action_space,
         cell=cfg.cell,
         hidden_size=cfg.hidden_size,
         stem=cfg.stem,
         fc_size=cfg.fc_size,
         config=r2ac,
-        cell_kwargs=cfg.cell_kwargs,
+        cell_kwargs=cell_kwargs,
     )
     if cfg.stem_checkpoint:
         load_stem(model, cfg.stem_checkpoint)
@@ -175,6 +209,8 @@ RESUMABLE_CHANGES = frozenset(
         "progress",
         "tensorboard",
         "accelerator",
+        "loggers",
+        "eval_video",
     }
 )
 """Fields a resumed run may change (its budget and its reporting); every other field defines the experiment."""
@@ -238,7 +274,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-    from onlinerec.rl.envs import make_vector_env
+    from onlinerec.rl.envs import make_vector_env, run_env_seed
     from onlinerec.training import StepProgressBar
 
     if cfg.threads:
@@ -261,6 +297,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
             loggers.append(TensorBoardLogger(out, name="tensorboard"))
         except ModuleNotFoundError:
             pass
+    loggers += [make_logger(spec, out) for spec in cfg.loggers]
     ckpt_dir = out / "checkpoints"
     callbacks: list[Any] = [
         ModelCheckpoint(dirpath=ckpt_dir, save_last=True, save_top_k=0, every_n_train_steps=cfg.checkpoint_every)
@@ -281,7 +318,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     )
     start = time.perf_counter()
     trainer.fit(model, dm, ckpt_path=None if ckpt_path is None else str(ckpt_path))
-    trainer.save_checkpoint(ckpt_dir / "last.ckpt")
+    trainer.save_checkpoint(ckpt_dir / "last.ckpt", weights_only=False)  # the full state, so that a resume continues
     result: dict[str, Any] = {
         "frames": dm.frames,
         "updates": trainer.global_step,
@@ -291,12 +328,15 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
         result["train_return"] = float(trainer.callback_metrics["return"])
 
     if cfg.eval_episodes > 0:
-        env = make_vector_env(
-            cfg.env, cfg.eval_envs, seed=cfg.seed + 10_000, **{**cfg.env_kwargs, **cfg.eval_env_kwargs}
-        )
+        eval_seed = run_env_seed(cfg.seed, purpose="eval")  # streams of their own, never the training ones
+        env = make_vector_env(cfg.env, cfg.eval_envs, seed=eval_seed, **_eval_env_kwargs(cfg))
         try:
             result["eval"] = model.evaluate(
-                env, cfg.eval_episodes, greedy=cfg.eval_greedy, max_steps=cfg.eval_max_steps
+                env,
+                cfg.eval_episodes,
+                greedy=cfg.eval_greedy,
+                max_steps=cfg.eval_max_steps,
+                video=str(out / "eval.gif") if cfg.eval_video else None,
             )
         finally:
             env.close()
@@ -320,23 +360,82 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     return result
 
 
+def _eval_env_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
+    """``env_kwargs`` with ``eval_env_kwargs`` over them; with ``eval_video``, gymnasium and MiniGrid ids also get
+    ``render_mode="rgb_array"`` unless the config sets one."""
+    kwargs = {**cfg.env_kwargs, **cfg.eval_env_kwargs}
+    if cfg.eval_video and isinstance(cfg.env, str):
+        from onlinerec.rl.envs import parse_env_id
+
+        try:
+            family = parse_env_id(cfg.env)[0].name
+        except ValueError:
+            family = ""
+        if family in ("gymnasium", "minigrid"):
+            kwargs.setdefault("render_mode", "rgb_array")
+    return kwargs
+
+
+def make_logger(spec: Any, save_dir: str | Path) -> Any:
+    """A Lightning logger from ``{class_path, init_args}`` (LightningCLI's form) or a class path.
+
+    A bare class name is looked up in ``lightning.pytorch.loggers``. Where the class takes ``save_dir`` and
+    ``init_args`` do not set it, it is ``save_dir``; an MLflow logger given neither ``tracking_uri`` nor ``save_dir``
+    writes to ``sqlite:///<save_dir>/mlflow.db`` (MLflow 3 refuses its old file store by default). Missing packages
+    (``wandb``, ``mlflow``) raise the logger's own ``ModuleNotFoundError``, which names the install command.
+    """
+    import importlib
+    import inspect
+
+    from lightning.pytorch.loggers import Logger
+
+    if isinstance(spec, str):
+        spec = {"class_path": spec}
+    if not isinstance(spec, dict) or "class_path" not in spec:
+        raise ValueError(f"a logger is {{class_path: ..., init_args: {{...}}}} or a class path; got {spec!r}.")
+    unknown = set(spec) - {"class_path", "init_args"}
+    if unknown:
+        raise ValueError(f"a logger spec has only class_path and init_args; got also {sorted(unknown)}.")
+    path = str(spec["class_path"])
+    module_name, _, name = path.rpartition(".")
+    module = importlib.import_module(module_name or "lightning.pytorch.loggers")
+    cls = getattr(module, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Logger)):
+        raise ValueError(f"{path!r} is not a Lightning logger class (lightning.pytorch.loggers.Logger).")
+    init_args = dict(spec.get("init_args") or {})
+    params = inspect.signature(cls.__init__).parameters
+    if "tracking_uri" in params and not {"tracking_uri", "save_dir"} & set(init_args):  # MLflow
+        init_args["tracking_uri"] = f"sqlite:///{Path(save_dir).resolve() / 'mlflow.db'}"
+    elif "save_dir" in params and "save_dir" not in init_args:
+        init_args["save_dir"] = str(save_dir)
+    return cls(**init_args)
+
+
 def parse_experiment(
-    argv: Sequence[str] | None = None, default_config: str | Path | None = None, description: str = ""
+    argv: Sequence[str] | None = None,
+    default_config: str | Path | None = None,
+    description: str = "",
+    prog: str = "onlinerec rl",
 ) -> ExperimentConfig:
     """An :class:`ExperimentConfig` from options and YAML files (``default_config`` first), as ``onlinerec rl`` reads it."""
     from onlinerec.config import parse_config
 
     return parse_config(
-        ExperimentConfig, argv, prog="onlinerec rl", description=description or __doc__, default_config=default_config
+        ExperimentConfig, argv, prog=prog, description=description or __doc__, default_config=default_config
     )
 
 
-def main(argv: Sequence[str] | None = None, default_config: str | Path | None = None, description: str = "") -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    default_config: str | Path | None = None,
+    description: str = "",
+    prog: str = "onlinerec rl",
+) -> int:
     """``onlinerec rl``: parse (see :func:`onlinerec.config.parse_config`), run, and turn a missing env backend into a
     clear error. The examples call it with their YAML as ``default_config``."""
     from onlinerec.rl.envs import MissingBackendError
 
-    cfg = parse_experiment(argv, default_config, description)
+    cfg = parse_experiment(argv, default_config, description, prog)
     try:
         run_experiment(cfg)
     except MissingBackendError as err:

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from torchmetrics import Metric, MetricCollection
 from typing_extensions import override
 
-from onlinerec.cells import make_cell
+from onlinerec.cells import ElementwiseCell, cell_reference, make_cell
 from onlinerec.data.segment import Segment
 from onlinerec.data.sequences import IGNORE_INDEX
 from onlinerec.tasks.metrics import SequenceAccuracy, TokenAccuracy, masked_cross_entropy
@@ -30,8 +30,14 @@ class SequenceClassifier(OnlineRecurrentModule):
         vocab_size: number of input tokens (inputs are int64 token ids).
         num_classes: number of target classes.
         hidden_size: N, the cell's width.
-        cell: a built-in cell alias ("elstm", "qrnn", "sru", "felstm").
-        cell_kwargs: extra keyword arguments of the cell (e.g. ``{"forget_bias": 3.0}`` for eLSTM).
+        cell: the recurrent cell: a registered name ("elstm", "lru", ... :data:`~onlinerec.cells.CELLS`), a class
+            path ("my_pkg.cells.MyCell", no registration needed; on the command line ``--model.cell my_pkg.MyCell``),
+            a cell instance built for ``embedding_dim or vocab_size`` inputs and ``hidden_size`` units (a
+            :class:`~onlinerec.cells.Stack` too), or a :func:`~onlinerec.cells.cell_spec`. Checkpoints store a name
+            or class path as it is and an instance as its spec (class path and constructor arguments), so
+            ``load_from_checkpoint`` rebuilds it in any process where its module can be imported.
+        cell_kwargs: extra keyword arguments of the cell when ``cell`` is a name or class path (e.g.
+            ``{"forget_bias": 3.0}`` for eLSTM).
         embedding_dim: None feeds one-hot tokens (D = vocab_size); an int learns an embedding of that width.
         ignore_index: target value of unlabelled and padding steps.
         lr, betas, eps: Adam's hyper-parameters.
@@ -43,7 +49,7 @@ class SequenceClassifier(OnlineRecurrentModule):
         vocab_size: int,
         num_classes: int,
         hidden_size: int = 64,
-        cell: str = "elstm",
+        cell: str | dict[str, Any] | ElementwiseCell = "elstm",
         cell_kwargs: dict[str, Any] | None = None,
         embedding_dim: int | None = None,
         ignore_index: int = IGNORE_INDEX,
@@ -53,8 +59,25 @@ class SequenceClassifier(OnlineRecurrentModule):
         method: str | None = None,
     ) -> None:
         width = embedding_dim or vocab_size
-        super().__init__(make_cell(cell, width, hidden_size, **(cell_kwargs or {})), lr=lr, method=method)
-        self.save_hyperparameters()
+        built = make_cell(cell, width, hidden_size, **(cell_kwargs or {}))
+        super().__init__(built, lr=lr, method=method)
+        # Given explicitly, so that the cell is stored as what rebuilds it (cell_reference), never as the module, even
+        # when a subclass's own __init__ (whose arguments Lightning would otherwise collect) was given an instance.
+        self.save_hyperparameters(
+            {
+                "vocab_size": vocab_size,
+                "num_classes": num_classes,
+                "hidden_size": hidden_size,
+                "cell": cell_reference(built if isinstance(cell, ElementwiseCell) else cell),
+                "cell_kwargs": cell_kwargs,
+                "embedding_dim": embedding_dim,
+                "ignore_index": ignore_index,
+                "lr": lr,
+                "betas": betas,
+                "eps": eps,
+                "method": method,
+            }
+        )
         self.vocab_size, self.num_classes, self.ignore_index = vocab_size, num_classes, ignore_index
         self.betas, self.eps = tuple(betas), eps
         self.embedding = nn.Embedding(vocab_size, embedding_dim) if embedding_dim else None

@@ -10,6 +10,7 @@ from typing import Any
 
 from torchmetrics import Metric
 
+from onlinerec.cells import ElementwiseCell
 from onlinerec.data.copy_task import VOCAB_SIZE
 from onlinerec.data.sequences import IGNORE_INDEX
 from onlinerec.tasks.classifier import SequenceClassifier
@@ -33,7 +34,7 @@ class CopyTaskModule(SequenceClassifier):
     def __init__(
         self,
         hidden_size: int = 256,
-        cell: str = "elstm",
+        cell: str | dict[str, Any] | ElementwiseCell = "elstm",
         cell_kwargs: dict[str, Any] | None = None,
         embedding_dim: int | None = None,
         lr: float = 3e-5,
@@ -54,7 +55,9 @@ class CopyTaskModule(SequenceClassifier):
             eps=eps,
             method=method,
         )
-        # Keep only this class's own arguments, so that load_from_checkpoint can rebuild it.
+        # Keep only this class's own arguments, so that load_from_checkpoint can rebuild it (the cell by name, class
+        # path or spec, as SequenceClassifier recorded it: never the module itself).
+        cell = self.hparams["cell"]
         self.save_hyperparameters(ignore=["vocab_size", "num_classes", "ignore_index"])
 
     def eval_metrics(self) -> dict[str, Metric]:

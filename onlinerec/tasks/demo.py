@@ -6,13 +6,19 @@ than the delay), on the same data, seeds and optimiser; only the strategy differ
 ``Trainer(strategy=RTRLStrategy(M))`` versus ``Trainer(strategy=TBPTTStrategy(M))``. RTRL's gradient reaches the
 cue through the carried sensitivities; TBPTT's is cut after M steps and never links the answer to the cue.
 
+Any built-in cell (``--cell lru``, ``--cell mingru --cell_kwargs '{update_bias: -3}'``), a class path, a stack
+(``--layers 4``, with ``residual``/``norm`` in ``cell_kwargs``) and any gradient methods (``--methods '[snap, tbptt]'``
+for the fully recurrent ``lstm``, ``gru`` and ``felstm``, which RTRL refuses) can take the eLSTM's place.
+
 The demo prints a table of final accuracy on held-out sequences (mean ± std over seeds), writes learning
 curves (``learning_curves.png``) and every number (``results.json``) to the output directory, and ends with one
-line ``demo: rtrl=<acc> tbptt=<acc> M=<M> delay=<steps> seeds=<k>`` (accuracies as fractions, means over seeds).
+line ``demo: rtrl=<acc> tbptt=<acc> M=<M> delay=<steps> seeds=<k>`` (one ``<method>=<acc>`` per compared method,
+accuracies as fractions, means over seeds).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
@@ -33,13 +39,32 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from onlinerec.cells import CELLS, FullyRecurrentCell
 from onlinerec.data.delayed_recall import DelayedRecallDataModule
+from onlinerec.gradients import METHODS
 from onlinerec.tasks.classifier import SequenceClassifier
 from onlinerec.training.strategies import make_strategy
 
 COMPARED = ("rtrl", "tbptt")
-"""The gradient methods the demo compares (names in :data:`onlinerec.gradients.METHODS`)."""
-LABELS = {"rtrl": "RTRL", "tbptt": "TBPTT"}
+"""The gradient methods the demo compares by default (names in :data:`onlinerec.gradients.METHODS`)."""
+LABELS = {"rtrl": "RTRL", "tbptt": "TBPTT", "snap": "SnAP-1"}
+CELL_LABELS = {
+    "elstm": "eLSTM",
+    "felstm": "FELSTM",
+    "qrnn": "QRNN",
+    "sru": "SRU",
+    "lru": "LRU",
+    "mingru": "minGRU",
+    "minlstm": "minLSTM",
+    "indrnn": "IndRNN",
+    "lstm": "LSTM",
+    "gru": "GRU",
+}
+
+
+def label(method: str) -> str:
+    """How tables and plots name a method ("RTRL", "SnAP-1", or the name as given)."""
+    return LABELS.get(method.lower(), method)
 
 
 @dataclass
@@ -56,15 +81,31 @@ class DemoConfig:
     """Runs per method, with seeds 0 .. seeds-1 (model init and data)."""
     num_symbols: int = 4
     """Cue classes K; chance accuracy is 1/K."""
+    cell: str = "elstm"
+    """Recurrent cell: a name in ``onlinerec.cells.CELLS`` (element-wise: "elstm", "qrnn", "sru", "lru", "mingru",
+    "minlstm", "indrnn"; fully recurrent, for SnAP-1 and TBPTT only: "felstm", "lstm", "gru") or a class path."""
+    layers: int = 1
+    """Stacked layers of the cell (``onlinerec.cells.Stack``; its ``residual`` and ``norm`` go in ``cell_kwargs``,
+    e.g. ``{residual: true, norm: rms}``)."""
+    cell_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra cell arguments (every layer gets them), e.g. ``{update_bias: -3}`` for minGRU, ``{r_min: 0.9}`` for
+    LRU; ``forget_bias`` here overrides the option below."""
+    methods: list[str] = field(default_factory=lambda: list(COMPARED))
+    """Gradient methods to compare, each trained from the same seeds (names in ``onlinerec.gradients.METHODS``:
+    "rtrl", "tbptt", "snap"); e.g. ``'[snap, tbptt]'`` for a fully recurrent cell."""
     hidden_size: int = 32
-    """eLSTM width N."""
+    """Cell width N (per layer)."""
+    embedding_dim: int | None = None
+    """Feed a learned token embedding of this width to the cell; None (default): one-hot tokens."""
     num_streams: int = 32
     """Parallel training streams B."""
     lr: float = 1e-2
     """Adam learning rate (gradient norm clipped at 1)."""
     forget_bias: float | None = None
-    """Added to the eLSTM forget-gate bias so that memory (and RTRL's gradient) outlasts the delay; default
-    3 + log2(delay / 100), at least 1: 3 (forget gate 0.95) for delay 100, 4 (0.98) for delay 200."""
+    """Added to the forget-gate bias so that memory (and RTRL's gradient) outlasts the delay; default
+    3 + log2(delay / 100), at least 1: 3 (forget gate 0.95) for delay 100, 4 (0.98) for delay 200. Goes to cells
+    that take a ``forget_bias`` argument (eLSTM, FELSTM, minLSTM, LSTM); others keep their own initialisation
+    unless ``cell_kwargs`` sets it (minGRU's ``update_bias``, GRU's ``update_bias``, LRU's ``r_min``/``r_max``)."""
     eval_size: int = 500
     """Held-out sequences that score each trained model."""
     curve_points: int = 20
@@ -85,6 +126,44 @@ class DemoConfig:
                 raise ValueError(f"--{name} must be at least {least}, got {getattr(self, name)}.")
         if self.delay < 0:
             raise ValueError(f"--delay must be >= 0, got {self.delay}.")
+        if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 1:
+            raise ValueError(f"--layers must be an int >= 1, got {self.layers!r}.")
+        if self.layers > 1 and "layers" in self.cell_kwargs:
+            raise ValueError("give the number of layers once: --layers or layers in --cell_kwargs, not both.")
+        if self.embedding_dim is not None and self.embedding_dim < 1:
+            raise ValueError(f"--embedding_dim must be at least 1 (or null for one-hot), got {self.embedding_dim}.")
+        self.methods = [str(m) for m in self.methods]
+        if not self.methods:
+            raise ValueError("--methods needs at least one gradient method, e.g. '[rtrl, tbptt]'.")
+        if len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"--methods names a method twice: {self.methods}.")
+        for method in self.methods:
+            METHODS.resolve(method)  # an unknown name fails here, listing the choices
+        cls = CELLS.resolve(self.cell)  # likewise for the cell
+        if issubclass(cls, FullyRecurrentCell) and "rtrl" in [m.lower() for m in self.methods]:
+            raise ValueError(
+                f"{cls.__name__} ({self.cell!r}) is fully recurrent (its gates read every unit), so exact RTRL refuses "
+                "it; compare the methods that train it: --methods '[snap, tbptt]'."
+            )
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """``cell`` and ``cell_kwargs`` of the :class:`SequenceClassifier` (``forget_bias`` and ``layers`` folded in)."""
+        kwargs = dict(self.cell_kwargs)
+        if "forget_bias" in inspect.signature(CELLS.resolve(self.cell)).parameters:
+            kwargs.setdefault("forget_bias", self.forget_bias)
+        if self.layers > 1:
+            kwargs["layers"] = self.layers
+        return {"cell": self.cell, "cell_kwargs": kwargs}
+
+    def describe_cell(self) -> str:
+        """The model in words, for the header and the plot: "eLSTM N=32 (forget bias 3.0)", "4 x LRU N=32 (r_min=0.9)"."""
+        name = CELL_LABELS.get(str(self.cell).lower(), str(self.cell).rsplit(".", 1)[-1])
+        kwargs = self.model_kwargs()["cell_kwargs"]
+        kwargs.pop("layers", None)
+        extras = [f"forget bias {kwargs.pop('forget_bias'):.1f}"] if "forget_bias" in kwargs else []
+        extras += [f"{k}={v}" for k, v in kwargs.items()]
+        depth = f"{self.layers} x " if self.layers > 1 else ""
+        return f"{depth}{name} N={self.hidden_size}" + (f" ({', '.join(extras)})" if extras else "")
 
 
 QUICK = {
@@ -154,7 +233,8 @@ def _trainer(**kwargs: Any) -> L.Trainer:
 def train_one(
     method: str, seed: int, cfg: DemoConfig, report: Callable[[int, float | None], None] = lambda s, a: None
 ) -> RunResult:
-    """Train one eLSTM with ``method`` ("rtrl" or "tbptt") on delayed recall and score it on held-out sequences."""
+    """Train one model (``cfg``'s cell) with ``method`` ("rtrl", "tbptt", ...) on delayed recall and score it on
+    held-out sequences."""
     start = time.perf_counter()
     L.seed_everything(seed, verbose=False)
     length = cfg.delay + 2
@@ -173,9 +253,9 @@ def train_one(
         vocab_size=2 * cfg.num_symbols + 1,
         num_classes=cfg.num_symbols,
         hidden_size=cfg.hidden_size,
-        cell="elstm",
-        cell_kwargs={"forget_bias": cfg.forget_bias},
+        embedding_dim=cfg.embedding_dim,
         lr=cfg.lr,
+        **cfg.model_kwargs(),
     )
     curve = _OnlineAccuracy(max(1, cfg.steps // cfg.curve_points), report)
     trainer = _trainer(
@@ -205,8 +285,10 @@ def plot_curves(results: list[RunResult], cfg: DemoConfig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    colors = {"rtrl": "tab:blue", "tbptt": "tab:orange"}
-    for method in COMPARED:
+    palette = {"rtrl": "tab:blue", "tbptt": "tab:orange", "snap": "tab:green"}
+    others = iter(["tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"])
+    colors = {m: palette.get(m.lower()) or next(others, "tab:gray") for m in cfg.methods}
+    for method in cfg.methods:
         runs = [r for r in results if r.method == method and r.curve_steps]
         if not runs:
             continue
@@ -216,16 +298,14 @@ def plot_curves(results: list[RunResult], cfg: DemoConfig, path: Path) -> None:
         mean = [statistics.fmean(c) for c in cols]
         final, _, _ = _summary(results, method)
         ax.plot(
-            xs, mean, color=colors[method], lw=2, label=f"{LABELS[method]}(M={cfg.M}): held-out accuracy {final:.1%}"
+            xs, mean, color=colors[method], lw=2, label=f"{label(method)}(M={cfg.M}): held-out accuracy {final:.1%}"
         )
         ax.fill_between(xs, [min(c) for c in cols], [max(c) for c in cols], color=colors[method], alpha=0.2, lw=0)
     ax.axhline(1 / cfg.num_symbols, color="gray", ls="--", lw=1, label=f"chance (1/{cfg.num_symbols})")
     ax.set_xlabel(f"weight updates (each = M = {cfg.M} steps of {cfg.num_streams} streams)")
     ax.set_ylabel("online training accuracy")
     ax.set_ylim(0, 1.02)
-    ax.set_title(
-        f"Delayed recall, delay {cfg.delay} steps: eLSTM (N={cfg.hidden_size}), {cfg.seeds} seeds (band: min..max)"
-    )
+    ax.set_title(f"Delayed recall, delay {cfg.delay} steps: {cfg.describe_cell()}, {cfg.seeds} seeds (band: min..max)")
     ax.title.set_fontsize(10)
     ax.legend(loc="upper left", fontsize=9)
     ax.grid(alpha=0.3)
@@ -256,7 +336,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     console.print(
         f"[bold]onlinerec demo[/]: delayed recall (cue, {cfg.delay} distractors, query; {cfg.num_symbols} classes), "
-        f"eLSTM N={cfg.hidden_size} (forget bias {cfg.forget_bias:.1f}), {cfg.num_streams} streams, weight update every M={cfg.M} steps, "
+        f"{cfg.describe_cell()}, {cfg.num_streams} streams, weight update every M={cfg.M} steps, "
         f"{cfg.steps} updates per run, {cfg.seeds} seed(s) per method."
     )
     results: list[RunResult] = []
@@ -268,9 +348,9 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict[str, Any]:
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console) as progress:
-        jobs = [(method, seed) for seed in range(cfg.seeds) for method in COMPARED]
+        jobs = [(method, seed) for seed in range(cfg.seeds) for method in cfg.methods]
         tasks = {
-            job: progress.add_task(f"{LABELS[job[0]]} seed {job[1]}", total=cfg.steps, acc="  -  ", start=False)
+            job: progress.add_task(f"{label(job[0])} seed {job[1]}", total=cfg.steps, acc="  -  ", start=False)
             for job in jobs
         }
         for job in jobs:
@@ -295,11 +375,11 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict[str, Any]:
     table.add_column("per seed", justify="right")
     table.add_column("s / run", justify="right")
     summary: dict[str, Any] = {}
-    for method in COMPARED:
+    for method in cfg.methods:
         mean, std, accs = _summary(results, method)
         secs = statistics.fmean(r.seconds for r in results if r.method == method)
         table.add_row(
-            f"{LABELS[method]}(M={cfg.M})",
+            f"{label(method)}(M={cfg.M})",
             f"{mean:.1%} ± {std:.1%}",
             "  ".join(f"{a:.1%}" for a in accs),
             f"{secs:.1f}",
@@ -312,9 +392,8 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict[str, Any]:
     record = {"config": asdict(cfg), "machine": machine(), "summary": summary, "runs": [asdict(r) for r in results]}
     js.write_text(json.dumps(record, indent=2))
     console.print(f"learning curves: {png}\nall numbers: {js}")
-    summary["line"] = (
-        f"demo: rtrl={summary['rtrl']['mean']:.3f} tbptt={summary['tbptt']['mean']:.3f} M={cfg.M} delay={cfg.delay} seeds={cfg.seeds}"
-    )
+    accuracies = " ".join(f"{method}={summary[method]['mean']:.3f}" for method in cfg.methods)
+    summary["line"] = f"demo: {accuracies} M={cfg.M} delay={cfg.delay} seeds={cfg.seeds}"
     return summary
 
 
@@ -328,4 +407,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-DESCRIPTION = "Train an eLSTM with exact RTRL and with truncated BPTT (same M) on delayed recall, on CPU, and compare."
+DESCRIPTION = """Train an eLSTM with exact RTRL and with truncated BPTT (same M) on delayed recall, on CPU, and compare.
+
+  onlinerec demo                                             the eLSTM, RTRL vs TBPTT (M = 10, delay 100, 3 seeds)
+  onlinerec demo --cell lru --cell_kwargs '{r_min: 0.9}'     another cell (any name in onlinerec.cells.CELLS)
+  onlinerec demo --cell lru --layers 4 --cell_kwargs '{residual: true, norm: rms}' --embedding_dim 32
+  onlinerec demo --cell lstm --methods '[snap, tbptt]'       a fully recurrent cell (RTRL refuses it)"""

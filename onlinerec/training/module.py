@@ -132,7 +132,9 @@ class OnlineRecurrentModule(L.LightningModule):
         elif carry.device != inputs.device:
             carry = carry.to(inputs.device)
         carry = self._adapt(carry, method)
-        states, self._carries[stream] = method.unroll(self.cell, inputs, reset, carry)
+        # the old carry is replaced right here, so it is given up: RTRL/SnAP then update it in place at M = 1
+        donate = {"donate": True} if getattr(method, "supports_donation", False) else {}
+        states, self._carries[stream] = method.unroll(self.cell, inputs, reset, carry, **donate)
         return states
 
     def _adapt(self, carry: Carry | StackCarry, method: GradientMethod) -> Carry | StackCarry:
@@ -203,7 +205,9 @@ class OnlineRecurrentModule(L.LightningModule):
         Returns the loss dict (``"loss"`` first); Lightning backpropagates ``"loss"`` in training.
         """
         if not isinstance(segment, Segment):
-            pairs = isinstance(segment, (list, tuple)) and len(segment) == 2 and all(isinstance(x, Tensor) for x in segment)
+            pairs = (
+                isinstance(segment, (list, tuple)) and len(segment) == 2 and all(isinstance(x, Tensor) for x in segment)
+            )
             hint = (
                 " It looks like (inputs, targets) of sequences batched by a DataLoader: deal sequences into streams with "
                 "onlinerec.data.SequenceDataModule(train=dataset, ...) instead."
@@ -256,7 +260,13 @@ class OnlineRecurrentModule(L.LightningModule):
             if isinstance(value, Tensor):
                 value = value.detach()
             # epoch-level (evaluation) values are averaged over DDP ranks; training steps log this rank's value
-            self.log(f"{stream}/{name}", value, prog_bar=name == "loss", batch_size=max(weight, 1), sync_dist=stream != "train")
+            self.log(
+                f"{stream}/{name}",
+                value,
+                prog_bar=name == "loss",
+                batch_size=max(weight, 1),
+                sync_dist=stream != "train",
+            )
 
     @override
     def training_step(self, batch: Segment, batch_idx: int) -> dict[str, Tensor]:  # type: ignore[override]

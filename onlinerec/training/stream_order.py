@@ -85,11 +85,15 @@ def check_batching(loaders: Any, split: str) -> None:
     from onlinerec.data.segment import Segment
 
     for loader in _flatten(loaders):
-        if not isinstance(loader, DataLoader) or loader.batch_size is None or isinstance(loader.dataset, IterableDataset):
+        if (
+            not isinstance(loader, DataLoader)
+            or loader.batch_size is None
+            or isinstance(loader.dataset, IterableDataset)
+        ):
             continue
         try:
             first = loader.dataset[0] if len(loader.dataset) else None  # type: ignore[arg-type]
-        except Exception:  # noqa: BLE001  (a dataset we cannot peek into: the batch check in the step still applies)
+        except Exception:  # noqa: S112 -- a dataset we cannot peek into: the batch check in the step still applies
             continue
         if isinstance(first, Segment):
             raise TypeError(

@@ -165,9 +165,10 @@ def test_tmaze_seeds_distinct_per_stream_and_reproducible():
     a = cues(10, 4)
     assert len({tuple(row) for row in a}) == 4  # streams differ
     np.testing.assert_array_equal(a, cues(10, 4))  # reproducible
-    np.testing.assert_array_equal(a[1], cues(11, 1)[0])  # stream i is seeded with seed + i
+    np.testing.assert_array_equal(a[:2], cues(10, 2))  # stream i's seed does not depend on num_envs
     np.testing.assert_array_equal(a, cues(0, 4, reset_seed=10))  # reset(seed=s) reseeds the same way
-    assert not np.array_equal(a, cues(11, 4))
+    b = cues(11, 4)
+    assert not {tuple(row) for row in a} & {tuple(row) for row in b}  # seeds 10 and 11 share no stream
 
 
 def test_tmaze_partial_reset_mask():
@@ -231,15 +232,15 @@ def test_gymnasium_family_same_step(vectorization):
         env.close()
 
 
-def test_gymnasium_family_seeds_match_seed_plus_i():
-    a = make_vector_env("gymnasium:OnlinerecTest/Countdown-v0", 3, seed=20)
-    b = make_vector_env("gymnasium:OnlinerecTest/Countdown-v0", 1, seed=22)
-    assert a.reset()[1]["seed_draw"][2] == b.reset()[1]["seed_draw"][0]
+def test_gymnasium_family_stream_seeds():
+    from onlinerec.rl.envs import stream_seed
 
-
-def test_gymnasium_family_rejects_continuous_actions():
-    with pytest.raises(ValueError, match="Discrete action space"):
-        make_vector_env("gymnasium:Pendulum-v1", 1)
+    a = make_vector_env("gymnasium:OnlinerecTest/Countdown-v0", 3, seed=20).reset()[1]["seed_draw"]
+    b = make_vector_env("gymnasium:OnlinerecTest/Countdown-v0", 1, seed=20).reset()[1]["seed_draw"]
+    c = make_vector_env("gymnasium:OnlinerecTest/Countdown-v0", 3, seed=21).reset()[1]["seed_draw"]
+    assert a[0] == b[0] and len(set(a.tolist())) == 3 and not set(a.tolist()) & set(c.tolist())
+    single = _Countdown()
+    assert single.reset(seed=stream_seed(20, 2))[1]["seed_draw"] == a[2]  # stream i is seeded stream_seed(seed, i)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -280,8 +281,8 @@ def test_atari_paper_action_counts():
     assert counts == {"Breakout": 4, "Gravitar": 18, "MsPacman": 9, "Qbert": 6, "Seaquest": 18}
 
 
-def _atari_run(seed, num_envs, steps, actions):
-    env = make_vector_env("ALE/Breakout-v5", num_envs, seed=seed)
+def _atari_run(seed, num_envs, steps, actions, **kw):
+    env = make_vector_env("ALE/Breakout-v5", num_envs, seed=seed, **kw)
     obs, _ = env.reset()
     out = [obs.copy()]
     for t in range(steps):
@@ -291,19 +292,26 @@ def _atari_run(seed, num_envs, steps, actions):
     return np.stack(out, 1)
 
 
-def test_atari_stream_seeds_are_seed_plus_i():
+@pytest.mark.parametrize("backend", ["native", "torchbeast"])
+def test_atari_stream_seeds(backend):
     pytest.importorskip("ale_py")
+    # sticky actions make every step depend on the stream's seed (without them only the no-op count does: 1..30)
+    kw = {"backend": backend, "fire_on_life_loss": backend == "torchbeast", "repeat_action_probability": 0.25}
     actions = np.random.default_rng(0).integers(4, size=(40, 3))
-    a = _atari_run(5, 3, 40, actions)
-    b = _atari_run(6, 1, 40, actions[:, 1:])
-    np.testing.assert_array_equal(a[1], b[0])  # stream 1 of seed 5 == stream 0 of seed 6
-    np.testing.assert_array_equal(a, _atari_run(5, 3, 40, actions))  # reproducible
+    a = _atari_run(5, 3, 40, actions, **kw)
+    b = _atari_run(5, 1, 40, actions, **kw)
+    np.testing.assert_array_equal(a[0], b[0])  # stream 0's seed does not depend on num_envs
+    np.testing.assert_array_equal(a, _atari_run(5, 3, 40, actions, **kw))  # reproducible
+    c = _atari_run(6, 3, 40, actions, **kw)
+    for i in range(3):  # seeds 5 and 6 share no stream (the no-op starts differ)
+        assert not any(np.array_equal(a[i], c[j]) for j in range(3))
 
 
-def test_atari_episodic_life_and_full_game_statistics():
+@pytest.mark.parametrize("backend", ["native", "torchbeast"])
+def test_atari_episodic_life_and_full_game_statistics(backend):
     """Breakout with random actions: lost lives set `terminated` (game goes on), game over ends the episode."""
     pytest.importorskip("ale_py")
-    env = make_vector_env("ALE/Breakout-v5", 1, seed=0)
+    env = make_vector_env("ALE/Breakout-v5", 1, seed=0, backend=backend, fire_on_life_loss=backend == "torchbeast")
     obs, info = env.reset()
     lives0 = int(info["lives"][0])
     assert lives0 == 5
@@ -330,9 +338,10 @@ def test_atari_episodic_life_and_full_game_statistics():
     env.close()
 
 
-def test_atari_without_episodic_life():
+@pytest.mark.parametrize("backend", ["native", "torchbeast"])
+def test_atari_without_episodic_life(backend):
     pytest.importorskip("ale_py")
-    env = make_vector_env("ALE/Breakout-v5", 1, seed=0, episodic_life=False)
+    env = make_vector_env("ALE/Breakout-v5", 1, seed=0, episodic_life=False, backend=backend)
     env.reset()
     rng = np.random.default_rng(0)
     for _ in range(5000):
@@ -494,9 +503,11 @@ def test_dmlab_adapter_with_stand_in(fake_dmlab):
     assert [lab.level for lab in labs] == ["contributed/dmlab30/rooms_watermaze"] * n
     assert labs[0].config["width"] == "96" and labs[0].config["height"] == "72" and labs[0].config["logLevel"] == "WARN"
     assert obs.shape == (n, 3, 72, 96) and obs.dtype == np.uint8
-    # per-stream seeds: stream i draws its level seeds from RandomState(seed + i)
+    # per-stream seeds: stream i draws its level seeds from RandomState(stream_seed(seed, i))
+    from onlinerec.rl.envs import stream_seed
+
     for i, lab in enumerate(labs):
-        assert lab.seeds[0] == np.random.RandomState(4 + i).randint(2**31 - 1)
+        assert lab.seeds[0] == np.random.RandomState(stream_seed(4, i)).randint(2**31 - 1)
     assert labs[0].seeds[0] != labs[1].seeds[0]
     np.testing.assert_array_equal(obs[:, 0, 0, 0], [FakeLab.pixel(lab.seeds[0], 0) for lab in labs])
 
@@ -518,7 +529,7 @@ def test_dmlab_adapter_with_stand_in(fake_dmlab):
     np.testing.assert_array_equal(info["episode_return"], [8 + 0 + 2, 4 + 0 + 2])
     np.testing.assert_array_equal(info["episode_length"], 3)
     for i, lab in enumerate(labs):
-        rs = np.random.RandomState(4 + i)
+        rs = np.random.RandomState(stream_seed(4, i))
         expected = [rs.randint(2**31 - 1) for _ in range(2)]
         assert lab.seeds == expected
         assert obs[i, 0, 0, 0] == FakeLab.pixel(expected[1], 0) and obs[i, 1, 0, 0] == 0

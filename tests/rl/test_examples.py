@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,84 @@ def test_learning_curve_plot(tmp_path):
     assert load_curve(tmp_path / "a") == ([10.0, 20.0, 30.0], [0.1, 0.2, 0.3])
     png = plot_learning_curves({"x": [tmp_path / "a", tmp_path / "b"]}, tmp_path / "c.png", baseline=0.0)
     assert png.stat().st_size > 1000
+
+
+def test_a_resume_continues_only_the_same_experiment(tmp_path):
+    """Running the docstring's pair (rtrl, then tbptt) into one folder used to resume the RTRL run as "tbptt"."""
+    from onlinerec.rl.runner import parse_experiment, run_experiment
+    from onlinerec.training.checkpoint import CorruptCheckpointError
+
+    base = [*TINY, "--env_kwargs", '{"length": 3}', "--eval_episodes", "0", "--stem", "mlp", "--total_frames", "16"]
+    shared = ["--out_dir", str(tmp_path / "one")]
+    run_experiment(parse_experiment([*base, *shared, "--method", "rtrl"]))
+    with pytest.raises(ValueError, match=r"holds a different experiment.*method: 'rtrl' -> 'tbptt'.*--out_dir"):
+        run_experiment(parse_experiment([*base, *shared, "--method", "tbptt"]))
+    assert json.loads((tmp_path / "one" / "config.json").read_text())["method"] == "rtrl"  # nothing was overwritten
+    with pytest.raises(FileExistsError, match="would train from scratch and overwrite"):
+        run_experiment(parse_experiment([*base, *shared, "--resume", "false"]))
+
+    changed = run_experiment(parse_experiment([*base, *shared, "--M", "2", "--allow_config_change", "true"]))
+    assert changed["updates"] > 0
+    assert json.loads((tmp_path / "one" / "config_changes.json").read_text()) == [{"M": {"was": 4, "now": 2}}]
+
+    (tmp_path / "one" / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 half a file")
+    with pytest.raises(CorruptCheckpointError, match=r"last.ckpt is truncated.*--resume false or a new --out_dir"):
+        run_experiment(parse_experiment([*base, *shared, "--M", "2"]))
+
+
+def test_default_output_folders_differ_by_method_cell_M_and_seed():
+    from onlinerec.rl.runner import parse_experiment
+
+    dirs = {
+        parse_experiment(args).run_dir
+        for args in (["--method", "rtrl"], ["--method", "tbptt"], ["--cell", "none"], ["--M", "7"], ["--seed", "1"])
+    }
+    assert len(dirs) == 5 and all(str(d).startswith("runs/memory_tmaze/") for d in dirs)
+    assert parse_experiment(["--cell", "none"]).cell is None
+
+
+def _commented(text: str, key: str) -> bool:
+    """Whether the YAML line that sets ``key`` (at any indentation) carries a comment."""
+    return any(re.match(rf"\s*{re.escape(key)}:.*#", line) for line in text.splitlines())
+
+
+@pytest.mark.parametrize("path", sorted((EXAMPLES / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_yaml_value_that_differs_from_the_default_says_why(path):
+    import dataclasses
+
+    import yaml
+
+    from onlinerec.rl.r2ac import R2ACConfig
+    from onlinerec.rl.runner import ExperimentConfig
+
+    text = path.read_text()
+    values = yaml.safe_load(text)
+    defaults = {f.name: f.default for f in dataclasses.fields(ExperimentConfig)}
+    r2ac_defaults = {f.name: f.default for f in dataclasses.fields(R2ACConfig)}
+    unexplained = []
+    for key, value in values.items():
+        if key == "env":  # the point of the file, named in its header
+            continue
+        if key == "r2ac":
+            unexplained += [
+                f"r2ac.{k}" for k, v in value.items() if v != r2ac_defaults[k] and not _commented(text, "r2ac")
+            ]
+        elif value != defaults.get(key, dataclasses.MISSING) and not _commented(text, key):
+            unexplained.append(key)
+    assert not unexplained, f"{path.name} changes {unexplained} from the defaults without a comment saying why"
+
+
+def test_the_copy_task_yaml_explains_what_differs_from_the_classes():
+    import inspect
+
+    import yaml
+
+    from onlinerec.data import CopyTaskDataModule
+    from onlinerec.tasks import CopyTaskModule
+
+    path = ROOT / "examples" / "copy_task.yaml"
+    text, values = path.read_text(), yaml.safe_load(path.read_text())
+    for section, cls in (("model", CopyTaskModule), ("data", CopyTaskDataModule)):
+        params = inspect.signature(cls).parameters
+        for key, value in values[section]["init_args"].items():
+            assert value == params[key].default or _commented(text, key), f"copy_task.yaml {section}.{key} has no why"

@@ -118,3 +118,35 @@ def test_image_stems(stem):
     obs = torch.randint(0, 255, (3, 4, 84, 84), dtype=torch.uint8)
     actions, logits = model.act(obs, torch.tensor([0.0, 5.0, -3.0]), torch.ones(3, dtype=torch.bool))
     assert actions.shape == (3,) and logits.shape == (3, 6)
+
+
+@pytest.mark.parametrize("strategy", [RTRLStrategy, TBPTTStrategy, SnAPStrategy], ids=["rtrl", "tbptt", "snap"])
+def test_bf16_mixed_precision_trains_every_method(strategy):
+    """precision="bf16-mixed" on CPU: the stem's bfloat16 features used to reach the float32 cell and raise a
+    TypeError; now every method trains, the losses are float32 and the carried state and sensitivities keep
+    the parameters' dtype."""
+    model = tiny()
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    tr = trainer(strategy(M=M), 3, precision="bf16-mixed", accelerator="cpu")
+    tr.fit(model, RolloutDataModule(**ENV))
+    assert math.isfinite(float(tr.callback_metrics["train/loss"]))
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    changed = {k for k, p in model.named_parameters() if not torch.equal(before[k], p)}
+    assert {"policy.weight", "baseline.weight", "stem.fc.weight", "cell.input_proj.weight"} <= changed
+    carry = model.carry("train")
+    assert carry.c.dtype == torch.float32
+    assert all(s.dtype == torch.float32 for s in carry.sensitivities.values())
+    if strategy is not TBPTTStrategy:
+        assert carry.sensitivities
+
+
+def test_16_mixed_precision_where_supported():
+    """precision="16-mixed": float16 autocast (with a gradient scaler) where Lightning offers it on this device."""
+    model = tiny()
+    try:
+        tr = trainer(RTRLStrategy(M=M), 2, precision="16-mixed")
+    except Exception as err:  # noqa: BLE001 - e.g. Lightning refusing float16 AMP on a CPU
+        pytest.skip(f"16-mixed is not available here: {err}")
+    tr.fit(model, RolloutDataModule(**ENV))
+    assert math.isfinite(float(tr.callback_metrics["train/loss"]))
+    assert all(s.dtype == torch.float32 for s in model.carry("train").sensitivities.values())

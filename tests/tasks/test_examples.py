@@ -125,8 +125,15 @@ def test_naming_the_strategy_by_alias_keeps_the_configs_M(tmp_path):
         "ddp",
     ]
     proc = run(
-        [*onlinerec_command(), "fit", "--config", str(ROOT / "examples" / "copy_task.yaml"), "--trainer.strategy", "tbptt",
-         "--print_config"],
+        [
+            *onlinerec_command(),
+            "fit",
+            "--config",
+            str(ROOT / "examples" / "copy_task.yaml"),
+            "--trainer.strategy",
+            "tbptt",
+            "--print_config",
+        ],
         tmp_path,
     )
     assert re.search(r"class_path: onlinerec.TBPTTStrategy\s+init_args:\s+M: 1\b", proc.stdout), proc.stdout

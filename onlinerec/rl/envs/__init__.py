@@ -2,13 +2,20 @@
 
 Contract (what the learner may rely on, whatever the backend)
 ------------------------------------------------------------
-``make_vector_env(env_id, num_envs, seed=0, **kwargs) -> gymnasium.vector.VectorEnv``
+``make_vector_env(env_id, num_envs, seed=0, **kwargs) -> gymnasium.vector.VectorEnv`` (``env_id`` may also be a
+factory ``(num_envs, seed) -> VectorEnv``; ``spaces(env_id, **kwargs)`` gives one stream's observation and action
+spaces).
 
-- **Actions**: ``single_action_space`` is ``Discrete(n)`` (start 0); ``step`` takes an int array of shape
-  ``(num_envs,)``. ``num_actions(env_id, **kwargs)`` returns ``n`` (validate the model against it).
+- **Actions**: ``single_action_space`` is ``Discrete(n)`` (start 0; ``step`` takes int64 ``(num_envs,)``;
+  ``num_actions(env_id, **kwargs)`` returns ``n``) for every built-in family; a gymnasium env may also have a float
+  ``Box`` (``step`` takes float32 ``(num_envs, *shape)``, passed unclipped: bounds are the policy's business) or a
+  ``MultiDiscrete`` (flattened into one Discrete). Tuple/Dict action spaces — mixed Discrete/Box included — are
+  refused with a ``ValueError`` (``base.action_kind``).
 - **Observations**: pixel envs give ``uint8`` channels-first images: Atari ``(4, 84, 84)`` (4 stacked gray
   frames), ProcGen ``(3, 64, 64)`` RGB, DMLab ``(3, 72, 96)`` RGB. Non-pixel memory tasks give small vectors or
-  grids: the T-maze and MiniGrid ``uint8``, POPGym ``float32`` (see each family below).
+  grids: the T-maze and MiniGrid ``uint8``, POPGym ``float32`` (see each family below). ``gymnasium:<id>`` passes
+  the env's own observations through, ``Dict`` and ``Tuple`` included (batched as dicts / tuples of arrays), as does
+  MiniGrid with ``dict_obs=True``.
 - **Autoreset = SAME_STEP** (torchbeast semantics; docs/r2ac.md#episode-resets-and-autoreset), ``metadata["autoreset_mode"] ==
   AutoresetMode.SAME_STEP``: when an episode ends at a step, that step returns the *first* observation of the
   next episode, ``terminated | truncated`` is True for that stream, and the reward is the old episode's last
@@ -18,11 +25,26 @@ Contract (what the learner may rely on, whatever the backend)
   *real* episode ended — game over for Atari with episodic life, not a lost life), ``info["episode_return"]``
   (float32, the full episode's undiscounted, unclipped return) and ``info["episode_length"]`` (int64, agent steps),
   both valid where ``episode_end`` and 0 elsewhere.
-- **Seeds**: stream ``i`` is seeded with ``seed + i`` (ProcGen: procgen derives distinct, reproducible stream
-  seeds from ``seed`` itself). The first ``reset()`` without a seed uses the ``seed`` given to
-  ``make_vector_env``; ``reset(seed=s)`` reseeds streams with ``s + i``.
+- **Seeds** (``numpy.random.SeedSequence`` all the way down, so no two of these share a stream):
+
+  - stream ``i`` of ``make_vector_env(env_id, n, seed=s)`` is seeded with ``stream_seed(s, i)`` =
+    ``SeedSequence(entropy=s, spawn_key=(i,))`` reduced to 31 bits. ``seed=0`` and ``seed=1`` share no stream; stream
+    ``i``'s seed does not depend on ``n``. The first ``reset()`` without a seed uses ``s``; ``reset(seed=t)`` reseeds
+    stream ``i`` with ``stream_seed(t, i)``. ProcGen takes one ``rand_seed`` for all its streams: it is
+    ``stream_seed(s, 0)``, and procgen derives the streams from it. DMLab's per-stream level-seed generator is
+    ``RandomState(stream_seed(s, i))``.
+  - a run (``onlinerec rl``, ``RolloutDataModule``) does not pass its own seed: it passes
+    ``run_env_seed(seed, purpose=..., rank=..., restart=...)`` = ``SeedSequence(entropy=seed, spawn_key=(purpose,
+    rank, restart))`` reduced to 63 bits, with purpose ``"train"`` (0) or ``"eval"`` (1), the DDP rank, and the
+    number of times the run was resumed. So runs with different seeds, training and evaluation, DDP ranks and a
+    run's successive resumes all get disjoint streams. (Before: ``seed + i``, evaluation ``seed + 10000 + i``, rank
+    offset ``rank * num_envs`` — runs with seeds 0 and 1 shared 15 of 16 streams.)
 - ``metadata`` also carries ``env_id`` and ``frames_per_step`` (emulator frames per agent step, for frame counts:
   Atari 4, DMLab 4, the others 1).
+
+ALE kwargs also include ``fire_on_life_loss`` (True: press FIRE after a lost life, as the paper's torchbeast code)
+and ``backend`` ("auto" / "native" / "torchbeast"; see ``atari.py`` and docs/envs.md for every preprocessing
+difference from the paper's).
 
 Env ids (``FAMILIES`` maps each family to its maker; unknown ids raise ``ValueError`` listing them)
 ------------------------------------------------------------------------------------------------
@@ -38,14 +60,22 @@ Env ids (``FAMILIES`` maps each family to its maker; unknown ids raise ``ValueEr
   that crashes or hangs).
 - ``"popgym:<Env>"`` — POPGym (e.g. ``popgym:RepeatPreviousEasy``); obs flattened to a ``float32`` vector
   (documented per env by its space). ``"MiniGrid-MemoryS7-v0"`` (or ``"minigrid:<id>"``) — MiniGrid memory rooms;
-  obs the ``uint8 (3, 7, 7)`` partial view (channels first). ``"gymnasium:<id>"`` — any registered gymnasium env
-  with a Discrete action space (obs passed through). All three via ``gymnasium_envs.py``
+  obs the ``uint8 (3, 7, 7)`` partial view (channels first; ``dict_obs=True`` adds the direction, as a Dict).
+  ``"gymnasium:<id>"`` — any registered gymnasium env with Discrete, MultiDiscrete or Box actions (obs passed
+  through), including rl-zoo's masked-velocity ``CartPoleNoVel-v1`` and ``PendulumNoVel-v1``. All three take
+  ``wrappers=[{class_path, init_args}, ...]`` (gymnasium wrappers for each stream's env) and go through
+  ``gymnasium_envs.py``
   (``SyncVectorEnv``/``AsyncVectorEnv`` with SAME_STEP autoreset; ``vectorization="async"`` for subprocesses,
   ``vectorization="resilient"`` for subprocesses that are restarted when they crash or hang — the stream is
   flagged reset, ``info["restarted"]`` is True there, and the interrupted episode is not reported).
 - ``"memory:tmaze"`` — built-in passive T-maze (numpy only, vectorised; ``memory.py``). kwargs ``length`` (10),
   ``num_cues`` (2), ``trials`` (1), ``episodic_life`` (True), ``wrong_reward`` (0). obs ``uint8 (num_cues+2,)``,
   ``num_cues`` actions.
+- ``"factory:<module>.<function>"`` — your own: ``function(num_envs, seed, **kwargs)`` returns any gymnasium vector
+  env (any autoreset mode; NEXT_STEP/DISABLED are adapted, an env that cannot be is refused with the fix). A Python
+  callable ``(num_envs, seed) -> VectorEnv`` is accepted wherever an env id is.
+- Every family takes ``vector_wrappers=[{class_path, init_args}, ...]``: gymnasium vector wrappers applied to the
+  finished vector env (e.g. ``gymnasium.wrappers.vector.NormalizeObservation``).
 
 envpool (Atari and ProcGen) was measured against these backends (``benchmarks/env_throughput.py``: ratios 1.01
 and 0.93 on 2 CPUs) and is not offered: no clear gain, and it cannot share an environment with procgen-mirror.
@@ -60,17 +90,33 @@ import dataclasses
 import importlib
 from typing import Any, Callable
 
-from onlinerec.rl.envs.base import EpisodeTracker, MissingBackendError, SameStepEnv, stream_seeds
+from onlinerec.rl.envs.base import (
+    PURPOSES,
+    EpisodeTracker,
+    MissingBackendError,
+    SameStepEnv,
+    action_kind,
+    ensure_contract,
+    run_env_seed,
+    stream_seed,
+    stream_seeds,
+)
 
 __all__ = [
     "FAMILIES",
+    "PURPOSES",
     "EnvFamily",
     "EpisodeTracker",
     "MissingBackendError",
     "SameStepEnv",
+    "action_kind",
+    "ensure_contract",
     "make_vector_env",
     "num_actions",
     "parse_env_id",
+    "run_env_seed",
+    "spaces",
+    "stream_seed",
     "stream_seeds",
 ]
 
@@ -114,7 +160,19 @@ FAMILIES: dict[str, EnvFamily] = {
         "gymnasium", "gymnasium:<id>", "onlinerec.rl.envs.gymnasium_envs", "make_gymnasium", "pip install gymnasium"
     ),
     "memory": EnvFamily("memory", "memory:tmaze", "onlinerec.rl.envs.memory", "make_memory", "built in (numpy)"),
+    "factory": EnvFamily(
+        "factory", "factory:<module>.<function>", "onlinerec.rl.envs", "_make_from_factory", "your own module"
+    ),
 }
+
+#: Families whose maker builds each stream from a single gymnasium env, so per-env ``wrappers`` apply.
+SINGLE_ENV_FAMILIES = frozenset({"gymnasium", "popgym", "minigrid"})
+
+
+def _make_from_factory(path: str, num_envs: int, seed: int = 0, **kwargs: Any):
+    from onlinerec.rl.envs.gymnasium_envs import resolve_callable
+
+    return resolve_callable(path)(num_envs, seed, **kwargs)
 
 
 def parse_env_id(env_id: str) -> tuple[EnvFamily, str]:
@@ -132,12 +190,44 @@ def parse_env_id(env_id: str) -> tuple[EnvFamily, str]:
     raise ValueError(f"unknown env id {env_id!r}. Known families — {known}")
 
 
-def make_vector_env(env_id: str, num_envs: int, seed: int = 0, **kwargs: Any):
-    """Make ``num_envs`` streams of ``env_id`` as a SAME_STEP gymnasium vector env (see the module docstring)."""
+def make_vector_env(env_id: str | Callable[..., Any], num_envs: int, seed: int = 0, **kwargs: Any):
+    """Make ``num_envs`` streams of ``env_id`` as a SAME_STEP gymnasium vector env (see the module docstring).
+
+    ``env_id`` may be a factory ``(num_envs, seed, **kwargs) -> VectorEnv``; its env is adapted to the contract
+    (:func:`~onlinerec.rl.envs.base.ensure_contract`, streams seeded from ``seed`` if the factory left them unseeded).
+    ``wrappers`` (single-env families) and ``vector_wrappers`` (all) are lists of ``{class_path, init_args}``.
+    """
     if int(num_envs) < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-    family, name = parse_env_id(env_id)
-    return family.make(name, int(num_envs), int(seed), **kwargs)
+    vector_wrappers = kwargs.pop("vector_wrappers", None)
+    if callable(env_id):
+        if "wrappers" in kwargs:
+            raise ValueError("wrappers= applies to the built-in single-env families; wrap your factory's envs yourself")
+        env = ensure_contract(env_id(int(num_envs), int(seed), **kwargs), seed=int(seed))
+    else:
+        family, name = parse_env_id(env_id)
+        if kwargs.get("wrappers") and family.name not in SINGLE_ENV_FAMILIES:
+            raise ValueError(
+                f"wrappers= wraps each stream's single gymnasium env, which the {family.name} family does not build "
+                f"(it is a vector env already); use vector_wrappers=, or a gymnasium:/popgym:/minigrid: id"
+            )
+        env = family.make(name, int(num_envs), int(seed), **kwargs)
+        if family.name == "factory":
+            env = ensure_contract(env, seed=int(seed))
+    if vector_wrappers:
+        from onlinerec.rl.envs.gymnasium_envs import apply_wrappers, check_wrappers
+
+        env = apply_wrappers(env, check_wrappers(vector_wrappers))
+    return env
+
+
+def spaces(env_id: str | Callable[..., Any], **kwargs: Any) -> tuple[Any, Any]:
+    """(observation space, action space) of one stream of ``env_id`` with these kwargs (builds one env)."""
+    env = make_vector_env(env_id, 1, 0, **kwargs)
+    try:
+        return env.single_observation_space, env.single_action_space
+    finally:
+        env.close()
 
 
 _STATIC_ACTIONS = {"procgen": 15, "dmlab": 9}
@@ -154,8 +244,7 @@ def num_actions(env_id: str, **kwargs: Any) -> int:
         from onlinerec.rl.envs.atari import atari_num_actions
 
         return atari_num_actions(name, **kwargs)
-    env = family.make(name, 1, 0, **kwargs)
-    try:
-        return int(env.single_action_space.n)
-    finally:
-        env.close()
+    _, space = spaces(env_id, **kwargs)
+    if not hasattr(space, "n"):
+        raise ValueError(f"{env_id} has no discrete action count: its action space is {space} (see spaces())")
+    return int(space.n)

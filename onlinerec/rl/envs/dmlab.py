@@ -11,8 +11,9 @@
 - Action repeat 4 (``action_repeat``): the reward is summed over the repeats, the frame is the element-wise max
   of the last two frames; if the episode ends inside the repeat, the step ends there with ``terminated=True``
   and (SAME_STEP) the returned frame is the next episode's first.
-- Seeds: stream ``i`` owns ``numpy.random.RandomState(seed + i)`` and seeds every level reset with
-  ``randint(2**31 - 1)`` from it (the official code gave every env server the same seed; here streams differ).
+- Seeds: stream ``i`` owns ``numpy.random.RandomState(stream_seed(seed, i))`` (:func:`~onlinerec.rl.envs.base.stream_seed`)
+  and seeds every level reset with ``randint(2**31 - 1)`` from it (the official code gave every env server the same
+  seed; here streams differ, and runs with different seeds share none).
 
 ``deepmind_lab`` is not on PyPI and cannot be pip-installed: build it from source with Bazel
 (https://github.com/google-deepmind/lab, ``docs/users/build.md``; the Python module is the

@@ -32,7 +32,8 @@ __all__ = ["TMazeVectorEnv", "MEMORY_TASKS", "make_memory"]
 
 
 class TMazeVectorEnv(VectorEnv):
-    """Vectorised passive T-maze, SAME_STEP autoreset, per-stream seeds ``seed + i``."""
+    """Vectorised passive T-maze, SAME_STEP autoreset; stream ``i`` draws its cues from
+    ``numpy.random.default_rng(stream_seed(seed, i))`` (:func:`~onlinerec.rl.envs.base.stream_seed`)."""
 
     def __init__(
         self,
@@ -96,7 +97,13 @@ class TMazeVectorEnv(VectorEnv):
         mask = None if options is None else options.get("reset_mask")
         idx = self._arange if mask is None else self._arange[np.asarray(mask, dtype=bool)]
         if seed is not None:
-            seeds = stream_seeds(seed, len(idx)) if np.isscalar(seed) else np.asarray(seed)
+            if np.isscalar(seed):
+                seeds = stream_seeds(int(seed), self.num_envs)[idx]
+            else:  # one seed per stream (gymnasium's convention) or per stream being reset (ale-py's)
+                seeds = np.asarray(seed, dtype=np.int64).reshape(-1)
+                seeds = seeds[idx] if len(seeds) == self.num_envs and len(idx) != self.num_envs else seeds
+                if len(seeds) != len(idx):
+                    raise ValueError(f"reset(seed=...) needs {self.num_envs} or {len(idx)} seeds, got {len(seeds)}")
             for i, s in zip(idx, seeds):
                 self._rngs[i] = np.random.default_rng(int(s))
         self._t[idx] = 0

@@ -4,10 +4,12 @@
 memory, exploration), ``num_levels`` (0 = unlimited), ``start_level``, ``num_threads`` and any other
 ``ProcgenGym3Env`` option (``paint_vel_info``, ``use_backgrounds``, ``center_agent``, ...).
 
-- One ``procgen.ProcgenGym3Env(num=num_envs, rand_seed=seed)`` runs all streams in C++; gym3 autoresets in
-  SAME_STEP style natively (``first`` marks an episode start, there is no separate timeout flag, so every end is
-  ``terminated``). Seeds: procgen derives each stream's level-seed generator from ``(seed, i)`` — streams differ and
-  the same ``seed`` reproduces them (this replaces the ``seed + i`` rule of the other families).
+- One ``procgen.ProcgenGym3Env(num=num_envs, rand_seed=stream_seed(seed, 0))`` runs all streams in C++; gym3
+  autoresets in SAME_STEP style natively (``first`` marks an episode start, there is no separate timeout flag, so
+  every end is ``terminated``). Seeds: procgen takes one ``rand_seed`` for all its streams and derives each stream's
+  level-seed generator from it; that one seed is derived from ``seed`` like any stream seed
+  (:func:`~onlinerec.rl.envs.base.stream_seed`), so ``seed=0`` and ``seed=1`` share no stream, and the same ``seed``
+  reproduces them.
 - Observation ``uint8 (3, 64, 64)`` RGB (channels first); 15 actions; no frame skip, no stacking, raw rewards.
 - Not every game has every distribution mode, and an unsupported (game, mode) pair aborts the whole Python
   process inside procgen's C++ code; ``check_procgen_mode`` rejects such pairs with a ``ValueError`` first.
@@ -25,7 +27,7 @@ from gymnasium import spaces
 from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from onlinerec.rl.envs.base import EpisodeTracker, MissingBackendError, same_step_metadata
+from onlinerec.rl.envs.base import EpisodeTracker, MissingBackendError, same_step_metadata, stream_seed
 
 __all__ = ["PROCGEN_GAMES", "PROCGEN_MODES", "ProcgenVectorEnv", "check_procgen_mode", "make_procgen"]
 
@@ -112,6 +114,7 @@ class ProcgenVectorEnv(VectorEnv):
         self.distribution_mode = distribution_mode
         self._options = dict(options)
         self._seed = int(seed)
+        self._resets = 0
         self._env = None
 
         self.single_observation_space = spaces.Box(0, 255, shape=(3, 64, 64), dtype=np.uint8)
@@ -137,13 +140,16 @@ class ProcgenVectorEnv(VectorEnv):
         return np.ascontiguousarray(rgb.transpose(0, 3, 1, 2))
 
     def reset(self, *, seed=None, options=None):
-        """(Re)creates the gym3 env: with ``seed``, or the construction seed the first time, else ``seed + 1``."""
+        """(Re)creates the gym3 env with ``rand_seed = stream_seed(seed, 0)``: ``seed`` if given, else the construction
+        seed the first time; a later ``reset()`` without a seed derives a fresh one (``stream_seed(seed, 0, k)``)."""
         if options and options.get("reset_mask") is not None and not np.all(options["reset_mask"]):
             raise NotImplementedError("ProcGen streams cannot be reset one by one (gym3 autoresets them)")
-        if seed is None:
-            seed = self._seed if self._env is None else self._seed + 1
-        self._seed = int(seed)
-        self._make(self._seed)
+        if seed is not None:
+            self._seed, self._resets = int(seed), 0
+        elif self._env is not None:
+            self._resets += 1
+        self.rand_seed = stream_seed(self._seed, 0, restart=self._resets)
+        self._make(self.rand_seed)
         self.tracker.reset()
         _, obs, _ = self._env.observe()
         info = {"level_seed": np.array([i["level_seed"] for i in self._env.get_info()], dtype=np.int64)}

@@ -28,6 +28,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import CloudpickleWrapper, batch_space, concatenate, create_empty_array
 
+from onlinerec.rl.envs.base import stream_seed, stream_seeds
+
 __all__ = ["EnvRestart", "ResilientVectorEnv"]
 
 log = logging.getLogger("onlinerec.rl.envs.resilient")
@@ -90,8 +92,8 @@ class ResilientVectorEnv(VectorEnv):
         max_restarts: most restarts of one stream in a row without a successful step in between; beyond it
             the env is declared broken and ``RuntimeError`` is raised (a deterministic crash would otherwise
             loop forever). ``None``: no limit.
-        seed: base seed; a restarted stream i is reset with ``seed + i + 100_003 * k`` at its k-th restart
-            (deterministic, and different from the crashed episode's).
+        seed: env seed; stream i is seeded with ``stream_seed(seed, i)`` and its k-th replacement env with
+            ``stream_seed(stream_seed(seed, i), 0, restart=k)`` (deterministic, and unrelated to the crashed episode's).
         context: multiprocessing start method (``"fork"``, ``"spawn"``, ``"forkserver"``; default: the platform's).
 
     Attributes:
@@ -120,6 +122,9 @@ class ResilientVectorEnv(VectorEnv):
         self.step_timeout = float(step_timeout)
         self.max_restarts = max_restarts
         self.base_seed = seed
+        self._stream_seeds: list[int | None] = (
+            [None] * len(self.env_fns) if seed is None else [int(s) for s in stream_seeds(seed, len(self.env_fns))]
+        )
         self._ctx = mp.get_context(context)
         self.restart_counts = [0] * self.num_envs
         self._failures_in_a_row = [0] * self.num_envs
@@ -204,7 +209,8 @@ class ResilientVectorEnv(VectorEnv):
                 )
             self._kill(i)
             self._start(i)
-            seed = None if self.base_seed is None else int(self.base_seed) + i + 100_003 * self.restart_counts[i]
+            base = self._stream_seeds[i]
+            seed = None if base is None else stream_seed(base, 0, restart=self.restart_counts[i])
             try:
                 return self._call(i, "reset", (seed, None))
             except _Failure as err:
@@ -214,11 +220,13 @@ class ResilientVectorEnv(VectorEnv):
     def reset(self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None):
         if seed is None:
             seeds: list[int | None] = [None] * self.num_envs
-        elif isinstance(seed, int):
-            seeds = [seed + i for i in range(self.num_envs)]
-            self.base_seed = seed
+        elif isinstance(seed, (int, np.integer)):
+            seeds = [int(s) for s in stream_seeds(int(seed), self.num_envs)]
+            self.base_seed = int(seed)
+            self._stream_seeds = list(seeds)
         else:
-            seeds = list(seed)
+            seeds = [None if s is None else int(s) for s in seed]
+            self._stream_seeds = [old if new is None else new for old, new in zip(self._stream_seeds, seeds)]
         if options is not None and "reset_mask" in options:
             raise NotImplementedError(
                 "ResilientVectorEnv.reset(options={'reset_mask': ...}) is not supported; reset all streams."

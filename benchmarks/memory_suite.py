@@ -1,0 +1,582 @@
+"""Memory benchmark suite (issue 12): R2AC (RTRL, TBPTT at the same M, feed-forward) against sb3-contrib's
+RecurrentPPO on memory tasks nobody here wrote, with the same env construction, agent-step budgets and seeds.
+
+Every job is one (env, method, seed) and runs in its own subprocess; its result is one JSON file
+``<out>/runs/<env>/<method>/seed<k>.json``. A job whose JSON exists is skipped, so an interrupted suite continues
+where it stopped (an interrupted R2AC run also resumes from its last checkpoint). ``--jobs 2`` runs two at a time;
+several ``run`` processes may share one ``--out`` (each job is claimed with a lock file).
+
+- **R2AC arms** are ``onlinerec rl`` runs: the suite writes an ``ExperimentConfig`` YAML per job
+  (``<out>/r2ac/<env>/<method>-seed<k>/config.yaml``) and runs ``python -m onlinerec.cli rl --config <it>``; the
+  command is stored in the job's JSON, so any row can be re-run by hand.
+- **RecurrentPPO arm** (``ppo_lstm``): ``python benchmarks/memory_suite.py sb3 --env <name> --seed <k> --out ...``.
+  Its envs are onlinerec's (``onlinerec.rl.envs.make_vector_env`` with the same env id and kwargs, behind a thin
+  sb3 ``VecEnv`` adapter; SAME_STEP autoreset is sb3's own convention), seeded with the same
+  ``run_env_seed(seed, purpose=...)`` streams as the R2AC runs. Hyper-parameters: rl-zoo's ``ppo_lstm.yml`` where
+  it has the env (CartPoleNoVel-v1), otherwise sb3-contrib's defaults with the LSTM width matched to R2AC's
+  (``SB3`` below says which, per env).
+- **Scores** (the same for every arm): the learning curve is the mean undiscounted return of the last ``window``
+  training episodes (sampled actions), read at ``POINTS`` evenly spaced agent-step counts. ``final`` is its last
+  value (POPGym: "mean episodic return at the end of training"), ``mmer`` its maximum over the points (POPGym's
+  max-mean episodic return), ``auc`` its mean over the points (normalised area under the curve, in return units).
+  ``eval`` is the mean return of ``eval_episodes`` episodes with greedy (argmax / deterministic) actions on the
+  evaluation streams, after training.
+
+Usage::
+
+    python benchmarks/memory_suite.py run --out runs/memory_suite --jobs 2      # everything not done yet
+    python benchmarks/memory_suite.py run --envs CartPoleNoVel --methods rtrl ppo_lstm --seeds 0
+    python benchmarks/memory_suite.py run --preview                             # 1/4 of the budgets (a preview)
+    python benchmarks/memory_suite.py report --out runs/memory_suite           # table (markdown) + figure (PNG)
+    python benchmarks/memory_suite.py run --extra-cell <name>    # the hook: R2AC-RTRL/TBPTT with another cell
+
+Needs ``pip install -e ".[suite]"`` (popgym, minigrid, sb3-contrib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+POINTS = 50
+"""Learning-curve points per run (evenly spaced in agent steps)."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """One benchmark env: its onlinerec id, the agent-step budget, and each arm's settings."""
+
+    env: str
+    steps: int
+    window: int
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    r2ac: dict[str, Any] = field(default_factory=dict)
+    sb3: dict[str, Any] = field(default_factory=dict)
+    sb3_source: str = "sb3-contrib defaults, LSTM width matched to R2AC's"
+    random_return: float | None = None
+
+
+# R2AC: eLSTM N = 64 for the small POPGym / CartPole observations, 128 for MiniGrid's 7x7x3 view; M = 4 (a small M:
+# the cue is usually further back than M + 1 steps); B = 16 streams; everything else the paper's (RMSprop, V-trace,
+# entropy 0.01, discount 0.99) except the learning rate (small nets learn faster with 2e-3, as on the T-maze).
+_R2AC_COMMON: dict[str, Any] = {
+    "num_envs": 16,
+    "M": 4,
+    "hidden_size": 64,
+    "fc_size": 64,
+    "stem": "mlp",
+    "cell_kwargs": {"forget_bias": 1.0},
+    "r2ac": {"lr": 2.0e-3},
+}
+
+# sb3-contrib RecurrentPPO defaults (n_steps 128, batch 128, 10 epochs, lr 3e-4, gamma 0.99, GAE 0.95, clip 0.2,
+# ent 0) with an LSTM as wide as R2AC's, on as many streams as R2AC.
+_SB3_MATCHED: dict[str, Any] = {"n_envs": 16, "policy_kwargs": {"lstm_hidden_size": 64}}
+
+# Budget: 100,000 agent steps per run for every env and arm (rl-zoo's CartPoleNoVel budget). sb3-contrib's
+# RecurrentPPO runs at about 70-125 agent steps per CPU-second here (10-20 epochs over every rollout), R2AC at about
+# 1,000: 15 (env, seed) pairs cost about 5.5 CPU-hours, i.e. about 3 hours on the 2-core machine when it is idle.
+BUDGET = 100_000
+
+ENVS: dict[str, EnvSpec] = {
+    "RepeatPreviousEasy": EnvSpec(
+        "popgym:RepeatPreviousEasy", steps=BUDGET, window=100, r2ac=_R2AC_COMMON, sb3=_SB3_MATCHED,
+        random_return=-0.5,
+    ),
+    "RepeatFirstEasy": EnvSpec(
+        "popgym:RepeatFirstEasy", steps=BUDGET, window=100, r2ac=_R2AC_COMMON, sb3=_SB3_MATCHED,
+        random_return=-0.5,
+    ),
+    "CountRecallEasy": EnvSpec(
+        "popgym:CountRecallEasy", steps=BUDGET, window=100, r2ac=_R2AC_COMMON, sb3=_SB3_MATCHED,
+    ),
+    "MiniGridMemoryS7": EnvSpec(
+        "MiniGrid-MemoryS7-v0", steps=BUDGET, window=50,
+        r2ac={**_R2AC_COMMON, "hidden_size": 128, "fc_size": 128},
+        sb3={"n_envs": 16, "policy_kwargs": {"lstm_hidden_size": 128, "normalize_images": False}},
+        sb3_source="sb3-contrib defaults, LSTM width matched to R2AC's; normalize_images=False (symbolic grid)",
+    ),
+    "CartPoleNoVel": EnvSpec(
+        "gymnasium:CartPoleNoVel-v1", steps=BUDGET, window=20, r2ac=_R2AC_COMMON,
+        sb3={  # rl-zoo hyperparams/ppo_lstm.yml, CartPoleNoVel-v1 ("lin_" = linear decay to 0)
+            "n_envs": 8, "n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
+            "ent_coef": 0.0, "learning_rate": "lin_0.001", "clip_range": "lin_0.2",
+        },
+        sb3_source="rl-zoo ppo_lstm.yml (CartPoleNoVel-v1)",
+        random_return=22.0,
+    ),
+}  # fmt: skip
+
+R2AC_METHODS: dict[str, dict[str, Any]] = {
+    "rtrl": {"method": "rtrl", "cell": "elstm"},
+    "tbptt": {"method": "tbptt", "cell": "elstm"},
+    "ff": {"method": "tbptt", "cell": None},  # feed-forward: no core; the method only sets M for the rollouts
+}
+METHODS = [*R2AC_METHODS, "ppo_lstm"]
+EVAL_EPISODES = 32
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# scores
+# ----------------------------------------------------------------------------------------------------------------
+def curve_on_grid(steps: list[float], values: list[float], budget: int) -> tuple[list[float], list[float]]:
+    """The logged running-mean return, read at POINTS evenly spaced step counts (linear interpolation; NaN before
+    the first logged value)."""
+    grid = np.linspace(budget / POINTS, budget, POINTS)
+    if not steps:
+        return grid.tolist(), [float("nan")] * POINTS
+    s, v = np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
+    out = np.interp(grid, s, v)
+    out[grid < s[0]] = np.nan
+    return grid.tolist(), out.tolist()
+
+
+def scores(curve: list[float]) -> dict[str, float]:
+    c = np.asarray(curve, dtype=float)
+    ok = c[~np.isnan(c)]
+    if not len(ok):
+        return {"final": float("nan"), "mmer": float("nan"), "auc": float("nan")}
+    return {"final": float(ok[-1]), "mmer": float(ok.max()), "auc": float(np.nan_to_num(c, nan=ok[0]).mean())}
+
+
+def running_means(episodes: list[tuple[int, float]], window: int) -> tuple[list[float], list[float]]:
+    """(step, mean of the last ``window`` episode returns) after each episode."""
+    steps, values, last = [], [], []
+    for step, ret in episodes:
+        last.append(ret)
+        last = last[-window:]
+        steps.append(float(step))
+        values.append(float(np.mean(last)))
+    return steps, values
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# R2AC arms: onlinerec rl
+# ----------------------------------------------------------------------------------------------------------------
+def r2ac_config(name: str, method: str, seed: int, out: Path, steps: int, cell: str | None = None) -> dict[str, Any]:
+    spec = ENVS[name]
+    arm = dict(R2AC_METHODS[method.split("-")[0]])
+    cfg = {k: v for k, v in spec.r2ac.items() if k != "r2ac"}
+    if cell is not None:  # the hook: another built-in cell, with its own defaults
+        arm["cell"] = cell
+        cfg.pop("cell_kwargs", None)
+    cfg.update(
+        env=spec.env,
+        env_kwargs=dict(spec.env_kwargs),
+        method=arm["method"],
+        cell=arm["cell"],
+        total_frames=steps,
+        seed=seed,
+        r2ac={**spec.r2ac.get("r2ac", {}), "return_window": spec.window},
+        eval_episodes=EVAL_EPISODES,
+        eval_envs=16,
+        eval_max_steps=20_000,
+        out_dir=str(out / "r2ac" / name / f"{method}-seed{seed}"),
+        checkpoint_every=500,
+        log_every=max(1, steps // (spec.r2ac["M"] * spec.r2ac["num_envs"] * 4 * POINTS)),
+        threads=1,
+        progress=False,
+        tensorboard=False,
+    )
+    if arm["cell"] is None:
+        cfg.pop("cell_kwargs", None)
+    return cfg
+
+
+def run_r2ac(name: str, method: str, seed: int, out: Path, steps: int, cell: str | None) -> dict[str, Any]:
+    import yaml
+
+    from onlinerec.rl.runner import load_curve
+
+    cfg = r2ac_config(name, method, seed, out, steps, cell)
+    run_dir = Path(cfg["out_dir"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = run_dir / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    cmd = [sys.executable, "-m", "onlinerec.cli", "rl", "--config", str(config)]
+    start = time.perf_counter()
+    with open(run_dir / "stdout.log", "a") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, check=False)  # noqa: S603
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd)} failed (exit {proc.returncode}); see {run_dir / 'stdout.log'}")
+    frames, values = load_curve(run_dir, "return")
+    result = json.loads((run_dir / "eval.json").read_text())
+    grid, curve = curve_on_grid(frames, values, steps)
+    return {
+        "command": shlex.join(["python", "-m", "onlinerec.cli", "rl", "--config", str(config)]),
+        "config": cfg,
+        "wall_s": wall,
+        "train_seconds": result.get("train_seconds"),
+        "steps": int(result["frames"]),
+        "grid": grid,
+        "curve": curve,
+        "eval": result.get("eval", {}).get("mean"),
+        "eval_returns": result.get("eval", {}).get("returns"),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# RecurrentPPO arm: sb3-contrib on onlinerec's envs
+# ----------------------------------------------------------------------------------------------------------------
+def sb3_vec_env(env_id: str, num_envs: int, seed: int, env_kwargs: dict[str, Any]):
+    """onlinerec's SAME_STEP vector env as an sb3 ``VecEnv`` (sb3 also autoresets in the step that ends an
+    episode, keeping the terminal observation in ``infos[i]["terminal_observation"]``)."""
+    from stable_baselines3.common.vec_env import VecEnv
+
+    from onlinerec.rl.envs import make_vector_env
+
+    class OnlinerecVecEnv(VecEnv):
+        def __init__(self):
+            self.env = make_vector_env(env_id, num_envs, seed=seed, **env_kwargs)
+            self.episodes: list[tuple[int, float]] = []
+            self.steps = 0
+            self._actions = None
+            self.render_mode = None
+            super().__init__(num_envs, self.env.single_observation_space, self.env.single_action_space)
+
+        def reset(self):
+            obs, _ = self.env.reset()
+            return obs
+
+        def step_async(self, actions):
+            self._actions = actions
+
+        def step_wait(self):
+            obs, reward, terminated, truncated, info = self.env.step(self._actions)
+            self.steps += num_envs
+            done = np.logical_or(terminated, truncated)
+            infos: list[dict[str, Any]] = [{} for _ in range(num_envs)]
+            for i in np.flatnonzero(done):
+                final = info.get("final_obs")
+                infos[i]["terminal_observation"] = None if final is None else final[i]
+                infos[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
+            for i in np.flatnonzero(info["episode_end"]):
+                self.episodes.append((self.steps, float(info["episode_return"][i])))
+                infos[i]["episode"] = {"r": float(info["episode_return"][i]), "l": int(info["episode_length"][i])}
+            return obs, np.asarray(reward, dtype=np.float32), done, infos
+
+        def close(self):
+            self.env.close()
+
+        def get_attr(self, attr_name, indices=None):
+            return [getattr(self, attr_name, None)] * num_envs
+
+        def set_attr(self, attr_name, value, indices=None):
+            setattr(self, attr_name, value)
+
+        def env_method(self, method_name, *args, indices=None, **kwargs):
+            return [None] * num_envs
+
+        def env_is_wrapped(self, wrapper_class, indices=None):
+            return [False] * num_envs
+
+    return OnlinerecVecEnv()
+
+
+def _schedule(value: Any) -> Any:
+    if isinstance(value, str) and value.startswith("lin_"):
+        start = float(value[4:])
+        return lambda progress_remaining: progress_remaining * start
+    return value
+
+
+def sb3_args(name: str, seed: int, steps: int, out_json: Path) -> list[str]:
+    return ["--env", name, "--seed", str(seed), "--steps", str(steps), "--json", str(out_json)]
+
+
+def run_sb3(name: str, seed: int, out_json: Path, steps: int) -> dict[str, Any]:
+    """Train RecurrentPPO for ``steps`` agent steps, evaluate it deterministically, return the job's record."""
+    import torch
+    from sb3_contrib import RecurrentPPO
+
+    from onlinerec.rl.envs import run_env_seed
+
+    torch.set_num_threads(1)
+    spec = ENVS[name]
+    hp = {k: _schedule(v) for k, v in spec.sb3.items() if k != "n_envs"}
+    n_envs = int(spec.sb3.get("n_envs", 8))
+    env = sb3_vec_env(spec.env, n_envs, run_env_seed(seed, purpose="train"), spec.env_kwargs)
+    model = RecurrentPPO("MlpLstmPolicy", env, seed=seed, verbose=0, device="cpu", **hp)
+    start = time.perf_counter()
+    model.learn(total_timesteps=steps)
+    train_seconds = time.perf_counter() - start
+    s, v = running_means(env.episodes, spec.window)
+    grid, curve = curve_on_grid(s, v, steps)
+    eval_returns = evaluate_sb3(model, spec, seed)
+    env.close()
+    return {
+        "command": shlex.join(["python", "benchmarks/memory_suite.py", "sb3", *sb3_args(name, seed, steps, out_json)]),
+        "config": {"env": spec.env, "env_kwargs": spec.env_kwargs, **spec.sb3, "source": spec.sb3_source},
+        "train_seconds": train_seconds,
+        "steps": int(env.steps),
+        "grid": grid,
+        "curve": curve,
+        "eval": float(np.mean(eval_returns)) if eval_returns else float("nan"),
+        "eval_returns": eval_returns,
+    }
+
+
+def evaluate_sb3(model: Any, spec: EnvSpec, seed: int, max_steps: int = 20_000) -> list[float]:
+    """Deterministic episodes on the evaluation streams, spread evenly over 16 streams (as R2AC's evaluation)."""
+    from onlinerec.rl.envs import make_vector_env, run_env_seed
+
+    n = 16
+    env = make_vector_env(spec.env, n, seed=run_env_seed(seed, purpose="eval"), **spec.env_kwargs)
+    quota = np.full(n, math.ceil(EVAL_EPISODES / n))
+    obs, _ = env.reset()
+    state, start = None, np.ones(n, dtype=bool)
+    returns: list[float] = []
+    for _ in range(max_steps):
+        action, state = model.predict(obs, state=state, episode_start=start, deterministic=True)
+        obs, _, terminated, truncated, info = env.step(action)
+        start = np.logical_or(terminated, truncated)
+        for i in np.flatnonzero(info["episode_end"]):
+            if quota[i] > 0:
+                quota[i] -= 1
+                returns.append(float(info["episode_return"][i]))
+        if len(returns) >= EVAL_EPISODES:
+            break
+    env.close()
+    return returns
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the suite: jobs, two at a time, resumable
+# ----------------------------------------------------------------------------------------------------------------
+def job_path(out: Path, name: str, method: str, seed: int) -> Path:
+    return out / "runs" / name / method / f"seed{seed}.json"
+
+
+def run_job(name: str, method: str, seed: int, out: Path, steps: int, cell: str | None) -> dict[str, Any]:
+    path = job_path(out, name, method, seed)
+    start = time.perf_counter()
+    if method == "ppo_lstm":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "sb3",
+            *sb3_args(name, seed, steps, path.with_suffix(".partial")),
+        ]
+        with open(path.with_suffix(".log"), "a") as log:
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, check=False)  # noqa: S603
+        if proc.returncode != 0:
+            raise RuntimeError(f"{shlex.join(cmd)} failed (exit {proc.returncode}); see {path.with_suffix('.log')}")
+        record = json.loads(path.with_suffix(".partial").read_text())
+        path.with_suffix(".partial").unlink()
+    else:
+        record = run_r2ac(name, method, seed, out, steps, cell)
+    record.update(env=name, method=method, seed=seed, budget=steps, wall_s=time.perf_counter() - start)
+    record.update(scores(record["curve"]))
+    record["machine"] = machine()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1))
+    return record
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"nproc": os.cpu_count(), "cpu": cpu, "load_avg": os.getloadavg()}
+
+
+def claim(path: Path) -> bool:
+    """Take job ``path`` for this process (a ``.lock`` file holding our pid), so that several ``run`` processes can
+    share one suite; a lock whose process is gone is taken over."""
+    lock = path.with_suffix(".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                os.kill(int(lock.read_text() or 0), 0)
+                return False  # another live process runs it
+            except (ProcessLookupError, ValueError):
+                lock.unlink(missing_ok=True)
+                continue
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return True
+    return False
+
+
+def run_suite(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    methods = list(args.methods)
+    if args.extra_cell:
+        methods += [f"rtrl-{args.extra_cell}", f"tbptt-{args.extra_cell}"]
+    jobs = []
+    for seed in args.seeds:  # seed-major: a partial suite has every (env, method) at least once
+        for name in args.envs:
+            for method in methods:
+                budget = max(1, int(ENVS[name].steps * args.budget_scale))
+                if job_path(out, name, method, seed).exists():
+                    continue
+                cell = args.extra_cell if "-" in method else None
+                jobs.append((name, method, seed, budget, cell))
+    total = len(jobs)
+    print(f"memory suite: {total} job(s) to run in {out}, {args.jobs} at a time", flush=True)
+    lock, done, started = threading.Lock(), [0], time.perf_counter()
+
+    def one(job):
+        name, method, seed, budget, cell = job
+        path = job_path(out, name, method, seed)
+        if path.exists() or not claim(path):
+            msg = "done or running in another process"
+        else:
+            with lock:
+                print(f"  start {name} {method} seed {seed} ({budget:,} steps)", flush=True)
+            try:
+                rec = run_job(name, method, seed, out, budget, cell)
+                msg = f"final {rec['final']:.3f}  eval {rec['eval']:.3f}  {rec['wall_s'] / 60:.1f} min"
+            except Exception as err:  # noqa: BLE001 - one failed job must not stop the others; it is reported
+                msg = f"FAILED: {err}"
+            finally:
+                path.with_suffix(".lock").unlink(missing_ok=True)
+        with lock:
+            done[0] += 1
+            elapsed = time.perf_counter() - started
+            eta = elapsed / done[0] * (total - done[0])
+            print(f"[{done[0]}/{total}] {name} {method} seed {seed}: {msg}  (elapsed {elapsed / 60:.0f} min, "
+                  f"ETA {eta / 60:.0f} min)", flush=True)  # fmt: skip
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        list(pool.map(one, jobs))
+    report(out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# report: markdown table + learning-curve figure
+# ----------------------------------------------------------------------------------------------------------------
+def load_records(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/*/seed*.json"))]
+
+
+def _mean_std(values: list[float]) -> str:
+    v = np.asarray([x for x in values if x is not None and not math.isnan(x)], dtype=float)
+    if not len(v):
+        return "–"
+    return f"{v.mean():.3f} ± {v.std():.3f}" if len(v) > 1 else f"{v[0]:.3f}"
+
+
+def report(out: Path) -> Path | None:
+    records = load_records(out)
+    if not records:
+        print("no finished runs yet")
+        return None
+    envs = [e for e in ENVS if any(r["env"] == e for r in records)]
+    methods = sorted({r["method"] for r in records}, key=lambda m: (METHODS + [m]).index(m))
+    lines = [
+        "| env | method | seeds | budget (agent steps) | final | MMER | AUC | greedy eval | wall min / run |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for env in envs:
+        for method in methods:
+            rs = [r for r in records if r["env"] == env and r["method"] == method]
+            if not rs:
+                continue
+            wall = np.mean([r["wall_s"] for r in rs]) / 60
+            lines.append(
+                f"| {env} | {method} | {len(rs)} ({', '.join(str(r['seed']) for r in rs)}) | {rs[0]['budget']:,} | "
+                f"{_mean_std([r['final'] for r in rs])} | {_mean_std([r['mmer'] for r in rs])} | "
+                f"{_mean_std([r['auc'] for r in rs])} | {_mean_std([r['eval'] for r in rs])} | {wall:.1f} |"
+            )
+    table = out / "table.md"
+    table.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    figure(records, envs, methods, out / "learning_curves.png")
+    print(f"table: {table}\nfigure: {out / 'learning_curves.png'}")
+    return table
+
+
+def figure(records: list[dict[str, Any]], envs: list[str], methods: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(3, len(envs))
+    rows = math.ceil(len(envs) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+    for ax, env in zip(axes.flat, envs):
+        for method in methods:
+            rs = [r for r in records if r["env"] == env and r["method"] == method]
+            if not rs:
+                continue
+            grid = np.asarray(rs[0]["grid"])
+            ys = np.asarray([r["curve"] for r in rs], dtype=float)
+            line = ax.plot(grid, np.nanmean(ys, 0), label=f"{method} ({len(rs)})")[0]
+            if len(rs) > 1:
+                ax.fill_between(grid, np.nanmin(ys, 0), np.nanmax(ys, 0), color=line.get_color(), alpha=0.15)
+        if ENVS[env].random_return is not None:
+            ax.axhline(ENVS[env].random_return, color="gray", linestyle=":", linewidth=1)
+        ax.set_title(env)
+        ax.set_xlabel("agent steps")
+        ax.set_ylabel(f"return (last {ENVS[env].window} episodes)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(envs) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run every job that has no JSON yet, then report")
+    run.add_argument("--out", default="runs/memory_suite")
+    run.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
+    run.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    run.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    run.add_argument("--jobs", type=int, default=2)
+    run.add_argument("--budget-scale", type=float, default=1.0, help="multiply every env's agent-step budget")
+    run.add_argument("--preview", action="store_true", help="--budget-scale 0.25, results under <out>/preview")
+    run.add_argument("--extra-cell", default=None, help="hook: also R2AC RTRL/TBPTT with this built-in cell")
+    rep = sub.add_parser("report", help="aggregate table and figure of the finished runs")
+    rep.add_argument("--out", default="runs/memory_suite")
+    one = sub.add_parser("sb3", help="one RecurrentPPO run (what `run` calls)")
+    one.add_argument("--env", required=True, choices=list(ENVS))
+    one.add_argument("--seed", type=int, required=True)
+    one.add_argument("--steps", type=int, default=None)
+    one.add_argument("--json", required=True)
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        if args.preview:
+            args.budget_scale, args.out = 0.25, str(Path(args.out) / "preview")
+        run_suite(args)
+    elif args.command == "report":
+        report(Path(args.out))
+    else:
+        steps = args.steps or ENVS[args.env].steps
+        record = run_sb3(args.env, args.seed, Path(args.json), steps)
+        Path(args.json).write_text(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""benchmarks/memory_suite.py's pieces, without running the suite: its R2AC configs are valid ``onlinerec rl`` configs,
+the scores are what docs/results.md says, and the RecurrentPPO arm acts in onlinerec's envs (same streams)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "memory_suite.py"
+spec = importlib.util.spec_from_file_location("memory_suite", PATH)
+suite = importlib.util.module_from_spec(spec)
+sys.modules.setdefault("memory_suite", suite)  # dataclasses look their module up there
+spec.loader.exec_module(suite)
+
+
+def test_scores_final_mmer_auc():
+    grid, curve = suite.curve_on_grid([100.0, 200.0, 400.0], [0.0, 1.0, 0.5], budget=400)
+    assert len(grid) == suite.POINTS and grid[-1] == 400
+    assert math.isnan(curve[0])  # before the first logged value
+    s = suite.scores(curve)
+    assert s["final"] == pytest.approx(0.5) and s["mmer"] == pytest.approx(1.0, abs=0.02)
+    assert 0.4 < s["auc"] < 0.9
+    steps, values = suite.running_means([(10, 1.0), (20, 0.0), (30, 0.0)], window=2)
+    assert steps == [10.0, 20.0, 30.0] and values == [1.0, 0.5, 0.0]
+
+
+@pytest.mark.parametrize("name", list(suite.ENVS))
+@pytest.mark.parametrize("method", ["rtrl", "tbptt", "ff", "rtrl-qrnn"])
+def test_r2ac_configs_parse_as_onlinerec_rl_configs(name, method, tmp_path):
+    import yaml
+
+    from onlinerec.rl.runner import parse_experiment
+
+    cfg = suite.r2ac_config(name, method, 1, tmp_path, 1000, cell="qrnn" if "-" in method else None)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    parsed = parse_experiment(["--config", str(path)])
+    assert parsed.env == suite.ENVS[name].env and parsed.seed == 1 and parsed.total_frames == 1000
+    assert parsed.cell == {"rtrl": "elstm", "tbptt": "elstm", "ff": None, "rtrl-qrnn": "qrnn"}[method]
+    assert parsed.method == ("rtrl" if method.startswith("rtrl") else "tbptt")
+
+
+def test_sb3_adapter_acts_in_onlinerecs_streams():
+    pytest.importorskip("sb3_contrib")
+    from onlinerec.rl.envs import make_vector_env, run_env_seed
+
+    seed = run_env_seed(0, purpose="train")
+    env = suite.sb3_vec_env("gymnasium:CartPoleNoVel-v1", 4, seed, {})
+    reference = make_vector_env("gymnasium:CartPoleNoVel-v1", 4, seed=seed)
+    np.testing.assert_array_equal(env.reset(), reference.reset()[0])  # the same streams as the R2AC arm
+    for _ in range(60):
+        env.step_async(np.zeros(4, dtype=np.int64))
+        obs, reward, done, infos = env.step_wait()
+        assert obs.shape == (4, 4) and reward.dtype == np.float32
+        for i in np.flatnonzero(done):
+            assert infos[i]["terminal_observation"].shape == (4,) and "episode" in infos[i]
+    assert env.episodes and env.steps == 240
+    env.close()
