@@ -101,7 +101,8 @@ class ExperimentConfig:
     log_every: int = 10
     """Log metrics every this many updates."""
     threads: int | None = None
-    """torch.set_num_threads (None: leave torch's default)."""
+    """torch.set_num_threads (None: the strategy's "auto": 1 thread on machines with at most 4 cores, else torch's
+    default)."""
     progress: bool = True
     """Rich progress bar (frames/s, mean return)."""
     tensorboard: bool = True

@@ -28,6 +28,8 @@ __all__ = ["OnlineRecurrentModule"]
 # Every OnlineRecurrentModule defines validation_step (the template step serves all splits), so Lightning's reminder
 # that a fit without a val_dataloader skips validation is noise for them, not something a user should act on.
 warnings.filterwarnings("ignore", message=r".*defined a `validation_step` but have no `val_dataloader`.*")
+# Lightning 2.6 calls a pytree API that torch 2.13 deprecates: Lightning's to fix, nothing a user can act on.
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
 
 
 class OnlineRecurrentModule(L.LightningModule):
