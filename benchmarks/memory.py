@@ -44,7 +44,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -60,10 +59,10 @@ def _rss_kib(field: str) -> int:
 def worker(kind: str, cell: str, b: int, n: int, d: int, m: int, threads: int) -> dict:
     """Runs in the subprocess: warm up, then measure one update both ways."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     sys.path.insert(0, HERE)
     from rtrl_vs_tbptt import Runner, carried_sensitivity_bytes, make_cell, make_segments
+    from scaling import peak_above_start
 
     torch.set_num_threads(threads)
     runner = Runner(kind, make_cell(n, d, torch.float32, 0, cell), b)
@@ -79,22 +78,8 @@ def worker(kind: str, cell: str, b: int, n: int, d: int, m: int, threads: int) -
 
     carried = carried_bytes()
     carried_sens = carried_sensitivity_bytes(runner)
-    runner.cell.zero_grad(set_to_none=True)
 
-    # allocator: running total of bytes allocated during the update
-    with tempfile.TemporaryDirectory() as tmp:
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            runner.step(*segs[2])
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as fh:
-            events = json.load(fh)["traceEvents"]
-    totals = [
-        e["args"]["Total Allocated"]
-        for e in events
-        if e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {})
-    ]
-    peak_alloc = max([0, *totals])
+    peak_alloc = peak_above_start(runner, segs[2])  # the allocator's running total during the update
 
     # rss: peak resident size during one more update, minus the resident size before it
     runner.cell.zero_grad(set_to_none=True)
