@@ -115,6 +115,19 @@ class Carry:
         """The state and input window without sensitivities (what a method without them, e.g. TBPTT, carries)."""
         return Carry(c=self.c, window=self.window)
 
+    def select(self, streams: Tensor) -> Carry:
+        """The carry of the streams ``streams`` (a 1-d index tensor into the batch, in that order): new tensors, so
+        an ``unroll(..., donate=True)`` may consume the result while this carry stays intact. A lazily scaled carry
+        stays so (its S~ and scale are selected alike): dc/dtheta of the result is row ``streams[i]`` of this one's."""
+        sens, scale = self.raw_sensitivities()
+        idx = _stream_index(streams, self.batch_size, self.c.device)
+        return Carry(
+            c=self.c.index_select(0, idx),
+            window=None if self.window is None else self.window.index_select(0, idx),
+            sensitivities={k: v.index_select(0, idx) for k, v in sens.items()},
+            scale=None if scale is None else scale.index_select(0, idx),
+        )
+
     def state_dict(self) -> dict[str, Any]:
         """Plain tensors only, so checkpoints load with ``torch.load(weights_only=True)``. A lazily scaled carry adds
         ``"scale"`` and stores S~ under ``"sensitivities"`` (dc/dtheta = scale[:, None, :, None] * S~)."""
@@ -156,6 +169,23 @@ class Carry:
         return f"Carry(c={tuple(self.c.shape)}, window={window}, sensitivities={shapes}{extra})"
 
 
+def _stream_index(streams: Tensor, batch_size: int, device: torch.device) -> Tensor:
+    """``streams`` as an int64 index on ``device``, after checking that it is 1-d and within the batch."""
+    if not isinstance(streams, Tensor) or streams.dim() != 1 or streams.dtype not in (torch.int32, torch.int64):
+        what = (
+            f"{streams.dtype} of shape {tuple(streams.shape)}"
+            if isinstance(streams, Tensor)
+            else type(streams).__name__
+        )
+        raise TypeError(f"select takes a 1-d integer tensor of stream indices (e.g. torch.arange(0, 2)), got {what}.")
+    if streams.numel() and (int(streams.min()) < 0 or int(streams.max()) >= batch_size):
+        raise IndexError(
+            f"stream indices must lie in [0, {batch_size}) for a carry of {batch_size} streams; got "
+            f"{int(streams.min())}..{int(streams.max())}."
+        )
+    return streams.to(device=device, dtype=torch.int64)
+
+
 def _unscaled(s: Tensor, scale: Tensor) -> Tensor:
     """dc/dtheta from lazily scaled S~ (B, P, N, F) and the scale (B, N)."""
     return s * scale[:, None, :, None].to(s.dtype)
@@ -165,7 +195,7 @@ def _unscaled(s: Tensor, scale: Tensor) -> Tensor:
 class StackCarry:
     """The carry of a :class:`~onlinerec.cells.Stack`: one carry per layer, bottom first, each made by the same method.
 
-    Same interface as :class:`Carry` (``batch_size``, ``device``, ``to``, ``state_only``, ``state_dict`` /
+    Same interface as :class:`Carry` (``batch_size``, ``device``, ``to``, ``state_only``, ``select``, ``state_dict`` /
     :func:`load_carry`, ``nbytes``); ``layers[l]`` is layer l's own :class:`Carry`.
     """
 
@@ -181,6 +211,10 @@ class StackCarry:
 
     def state_only(self) -> StackCarry:
         return StackCarry([layer.state_only() for layer in self.layers])
+
+    def select(self, streams: Tensor) -> StackCarry:
+        """Every layer's :meth:`Carry.select` of the same streams."""
+        return StackCarry([layer.select(streams) for layer in self.layers])
 
     def state_dict(self) -> dict[str, Any]:
         """Plain tensors only: ``{"layers": [each layer's state_dict]}``."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -23,9 +23,11 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from onlinerec.cells import ElementwiseCell, make_cell
+from onlinerec.gradients.carry import Carry, StackCarry
 from onlinerec.rl.evaluation import evaluate
 from onlinerec.rl.monitor import RolloutMonitor
 from onlinerec.rl.nets import DictStem, is_channels_last, is_image_spec, make_stem
+from onlinerec.rl.normalize import ReturnNormalizer, discounted_returns
 from onlinerec.rl.policy import ActionHead, make_head, space_from_spec, space_spec
 from onlinerec.rl.rollout import RolloutSegment
 from onlinerec.rl.vtrace import vtrace
@@ -57,7 +59,8 @@ class R2ACConfig:
     grad_clip: float = 40.0
     """Global gradient-norm clip over all parameters (RTRL gradients included); <= 0: no clipping."""
     total_updates: int | None = None
-    """Learner updates over which the LR decays to 0; None: the trainer's ``max_steps`` (no decay if unset)."""
+    """Learner updates (optimiser steps: ``epochs * minibatches`` per segment) over which the LR decays to 0; None: the
+    trainer's ``max_steps`` (no decay if unset)."""
     clip_rho: float = 1.0
     """V-trace rho-bar (importance-weight truncation of the TD errors)."""
     clip_c: float = 1.0
@@ -84,6 +87,55 @@ class R2ACConfig:
     """Continuous actions only: tanh-squash the Gaussian into the bounds (with the log-prob correction) instead of
     clipping its samples to them."""
 
+    # -- a scale-free learning signal and several passes per segment (off by default: the paper's R2AC) --------------
+    reward_norm: bool = False
+    """Divide rewards by a running estimate of the discounted return's standard deviation (sb3's ``VecNormalize``,
+    PPO's reward scaling; :class:`~onlinerec.rl.normalize.ReturnNormalizer`), after ``reward_scale`` and before
+    ``reward_clip``, in the loss and in the reward input. The statistics are module buffers (checkpointed, identical
+    on every DDP rank: each update all-reduces), updated once per training segment, after its update, from its
+    rewards; each stream's running return is carried state (per rank, checkpointed with the carries). ``reward_clip``
+    then clips the normalised reward (sb3 clips at 10; 0: no clipping)."""
+    advantage_norm: bool = False
+    """Normalise the policy-gradient advantages of every optimiser step to mean 0 and standard deviation 1 over its
+    M x B entries ((A - mean) / (std + 1e-8), population std; this process's streams under DDP)."""
+    loss_reduction: Literal["sum", "mean"] = "sum"
+    """"sum" (the paper's): the losses are sums over the M steps and B streams, so the gradient's size grows with M and
+    B; "mean": means over those M x B entries (= sum / (M B)), so a learning rate means the same for any M, B and
+    number of DDP processes."""
+    epochs: int = 1
+    """K, gradient passes over each segment (1: the paper's one pass). With ``epochs * minibatches > 1`` every pass
+    restarts from the carry (state and sensitivities) saved at the segment start and recomputes the segment with the
+    current weights; the carry moves forward once per segment (docs/r2ac.md#several-passes-per-segment)."""
+    minibatches: int = 1
+    """Optimiser steps per pass, each on B / minibatches consecutive stream slots (the same split every pass); must
+    divide B, the streams of a segment on this process (``num_envs``)."""
+    ppo_clip: float | None = None
+    """None: the V-trace policy gradient (the paper's). eps > 0: PPO's clipped-ratio objective
+    min(rho A, clip(rho, 1 - eps, 1 + eps) A), rho = pi / mu against the actor's policy mu, with A the V-trace advantage
+    r_s + gamma_s v_{s+1} - V(x_s) (without its importance weight, which rho replaces)."""
+
+    def __post_init__(self) -> None:
+        if self.loss_reduction not in ("sum", "mean"):
+            raise ValueError(f"R2ACConfig.loss_reduction must be 'sum' or 'mean', got {self.loss_reduction!r}.")
+        for name in ("epochs", "minibatches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"R2ACConfig.{name} must be an int >= 1, got {value!r}; 1 is the paper's one pass over each segment."
+                )
+        if self.ppo_clip is not None and not self.ppo_clip > 0:
+            raise ValueError(
+                f"R2ACConfig.ppo_clip must be a number > 0 (PPO uses 0.1 to 0.3) or None for V-trace's policy "
+                f"gradient, got {self.ppo_clip!r}."
+            )
+        if self.optimizer not in ("rmsprop", "adam"):
+            raise ValueError(f"R2ACConfig.optimizer must be 'rmsprop' or 'adam', got {self.optimizer!r}.")
+
+    @property
+    def passes(self) -> int:
+        """Optimiser steps per segment: ``epochs * minibatches`` (1: the paper's R2AC)."""
+        return self.epochs * self.minibatches
+
 
 class R2AC(OnlineRecurrentModule):
     """Real-time recurrent actor-critic (Irie et al. 2024) with V-trace (docs/r2ac.md).
@@ -91,6 +143,12 @@ class R2AC(OnlineRecurrentModule):
     The losses are summed over time and streams (the paper's convention, ``loss_reduction = "sum"``): under DDP the
     backpropagated loss is multiplied by the number of processes W, so that W processes with B streams each compute
     the gradient of one process with all W * B streams; the logged losses are this process's sums.
+    ``R2ACConfig.loss_reduction = "mean"`` averages them instead (nothing to scale under DDP).
+
+    One optimiser step per segment, as in the paper, by Lightning's automatic optimisation. With
+    ``R2ACConfig.epochs * minibatches > 1`` the module optimises manually: every pass restarts from the carry saved at
+    the segment start, and the carry moves forward once (:meth:`training_step`). Lightning's ``global_step`` then
+    counts optimiser steps, ``epochs * minibatches`` per segment.
 
     Build it from the env's spaces with :meth:`from_spaces` (any action and observation space R2AC supports), or
     for a Discrete action set and array observations from ``num_actions`` and ``obs_shape`` (the paper's setting).
@@ -147,6 +205,10 @@ class R2AC(OnlineRecurrentModule):
             config = R2ACConfig(**config)
         self.config = config or R2ACConfig()
         super().__init__(cell_obj, lr=self.config.lr, method=method)
+        self.loss_reduction = self.config.loss_reduction  # the base module scales a sum by W under DDP, not a mean
+        self.automatic_optimization = self.config.passes == 1  # several passes step the optimiser themselves
+        self.return_normalizer = ReturnNormalizer() if self.config.reward_norm else None
+        self._loss_streams: Tensor | None = None  # set during the first of several passes: minibatch 0's streams
         self.save_hyperparameters(
             {
                 "num_actions": action_spec["n"] if action_spec["type"] == "Discrete" else None,
@@ -224,9 +286,12 @@ class R2AC(OnlineRecurrentModule):
 
     # -- the network ----------------------------------------------------------------------------
     def _clip(self, reward: Tensor) -> Tensor:
-        """The reward as the loss and the reward input see it: times ``reward_scale``, clipped to ``reward_clip``."""
+        """The reward as the loss and the reward input see it: times ``reward_scale``, divided by the running return
+        scale (``reward_norm``), clipped to ``reward_clip``."""
         if self.config.reward_scale != 1.0:
             reward = reward * self.config.reward_scale
+        if self.return_normalizer is not None:
+            reward = reward / self.return_normalizer.std.to(reward.dtype)
         c = self.config.reward_clip
         return reward.clamp(-c, c) if c > 0 else reward
 
@@ -288,8 +353,7 @@ class R2AC(OnlineRecurrentModule):
 
     @override
     def segment_outputs(self, segment: RolloutSegment, stream: str) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
-        if not isinstance(segment, RolloutSegment):
-            raise TypeError(f"R2AC trains on RolloutSegments (from RolloutDataModule), got {type(segment).__name__}.")
+        _check_rollout(segment)
         if stream != "train":
             raise RuntimeError(
                 f"R2AC learns from training rollouts only; evaluate it with R2AC.evaluate (got a {stream} batch)."
@@ -298,28 +362,27 @@ class R2AC(OnlineRecurrentModule):
 
     @override
     def segment_loss(self, outputs: tuple[Tensor, Tensor, Tensor], segment: RolloutSegment) -> dict[str, Tensor]:  # type: ignore[override]
-        """V-trace actor-critic losses of one segment, summed over time and streams (docs/r2ac.md)."""
+        """V-trace actor-critic losses of one segment, summed (``loss_reduction = "mean"``: averaged) over time and
+        streams (docs/r2ac.md); with ``ppo_clip`` the policy loss is PPO's clipped-ratio objective."""
+        # the first of several passes unrolled every stream (for the carry); its loss is minibatch 0's
+        if self._loss_streams is not None:
+            outputs, segment = _select_streams(outputs, self._loss_streams), segment.select(self._loss_streams)
         cfg = self.config
         params, values, bootstrap = (_full_precision(t) for t in outputs)  # AMP: the losses in float32
-        actions = segment.actions[1:]
-        rewards = self._clip(segment.rewards[1:].to(values.dtype))
-        discounts = cfg.discount * (~segment.reset[1:]).to(values.dtype)
-        target_logp = self.policy.log_prob(params, actions)
+        target_logp = self.policy.log_prob(params, segment.actions[1:])
         entropy = self.policy.entropy(params)
-        vs, advantages = vtrace(
-            segment.behaviour_logp[1:].to(values.dtype),
-            target_logp.detach(),
-            rewards,
-            discounts,
-            values.detach(),
-            bootstrap,
-            clip_rho=cfg.clip_rho,
-            clip_c=cfg.clip_c,
-            clip_pg_rho=cfg.clip_pg_rho,
-        )
-        pg_loss = -(target_logp * advantages).sum()
-        baseline_loss = cfg.baseline_cost * 0.5 * ((vs - values) ** 2).sum()
-        entropy_loss = cfg.entropy_cost * (-entropy).sum()
+        vs, advantages = self._targets(target_logp.detach(), values.detach(), bootstrap, segment)
+        extra = {}
+        if cfg.ppo_clip is None:
+            pg = target_logp * advantages
+        else:
+            ratio = torch.exp(target_logp - segment.behaviour_logp[1:].to(values.dtype))
+            pg = torch.min(ratio * advantages, ratio.clamp(1 - cfg.ppo_clip, 1 + cfg.ppo_clip) * advantages)
+            extra["clip_fraction"] = ((ratio - 1).abs() > cfg.ppo_clip).to(values.dtype).mean().detach()
+        reduce = Tensor.sum if cfg.loss_reduction == "sum" else Tensor.mean
+        pg_loss = -reduce(pg)
+        baseline_loss = cfg.baseline_cost * 0.5 * reduce((vs - values) ** 2)
+        entropy_loss = cfg.entropy_cost * reduce(-entropy)
         total = pg_loss + baseline_loss + entropy_loss
         return {
             "loss": total,
@@ -327,11 +390,130 @@ class R2AC(OnlineRecurrentModule):
             "baseline_loss": baseline_loss,
             "entropy_loss": entropy_loss,
             "entropy": entropy.detach().mean(),
+            **extra,
         }
+
+    @torch.no_grad()
+    def targets(self, outputs: tuple[Tensor, Tensor, Tensor], segment: RolloutSegment) -> tuple[Tensor, Tensor]:
+        """The value targets v_s and the policy-gradient advantages (M, B) that :meth:`segment_loss` uses for
+        ``outputs`` (from :meth:`learner_outputs`): V-trace's; the advantages without their importance weight under
+        ``ppo_clip``; normalised to mean 0, std 1 under ``advantage_norm``. Detached."""
+        params, values, bootstrap = (_full_precision(t) for t in outputs)
+        return self._targets(self.policy.log_prob(params, segment.actions[1:]), values, bootstrap, segment)
+
+    def _targets(
+        self, target_logp: Tensor, values: Tensor, bootstrap: Tensor, segment: RolloutSegment
+    ) -> tuple[Tensor, Tensor]:
+        cfg = self.config
+        vs, advantages = vtrace(
+            segment.behaviour_logp[1:].to(values.dtype),
+            target_logp,
+            self._clip(segment.rewards[1:].to(values.dtype)),
+            cfg.discount * (~segment.reset[1:]).to(values.dtype),
+            values,
+            bootstrap,
+            clip_rho=cfg.clip_rho,
+            clip_c=cfg.clip_c,
+            clip_pg_rho=cfg.clip_pg_rho,
+            weight_advantages=cfg.ppo_clip is None,  # PPO's ratio stands in for the importance weight
+        )
+        if cfg.advantage_norm:
+            advantages = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
+        return vs, advantages
 
     def losses(self, segment: RolloutSegment) -> dict[str, Tensor]:
         """:meth:`segment_loss` of one training segment (advances the "train" carry)."""
         return self.segment_loss(self.learner_outputs(segment), segment)
+
+    # -- the learner's step -------------------------------------------------------------------------
+    @override
+    def training_step(self, batch: RolloutSegment, batch_idx: int) -> dict[str, Tensor]:  # type: ignore[override]
+        """One segment: the paper's single update (Lightning's automatic optimisation) or, with ``epochs *
+        minibatches > 1``, that many optimiser steps (:meth:`several_passes`); then, with ``reward_norm``, the
+        segment's returns join the running statistics (after the update, so that the actor and every pass saw the
+        same reward scale)."""
+        result = super().training_step(batch, batch_idx) if self.automatic_optimization else self.several_passes(batch)
+        self._update_return_statistics(batch)
+        return result
+
+    def several_passes(self, segment: RolloutSegment) -> dict[str, Tensor]:
+        """``epochs`` passes over ``segment``, each of ``minibatches`` optimiser steps on consecutive stream slots,
+        with RTRL kept exact (docs/r2ac.md#several-passes-per-segment). Returns the last step's losses (detached).
+
+        Every step starts from the "train" carry saved at the segment start (state and sensitivities, the
+        minibatch's streams selected), recomputes the segment with the current weights, backpropagates (Lightning's
+        ``manual_backward``: AMP scaling and DDP's gradient averaging as usual), clips by ``grad_clip`` and steps the
+        optimiser and the LR schedule. With fixed weights each step's core gradient is therefore full BPTT over the
+        stream's history for that step's loss.
+
+        The carry moves forward once: the first step unrolls every stream (its loss and gradient cover minibatch 0
+        only; streams do not interact, so that is minibatch 0's gradient) and the carry it leaves, computed with the
+        weights the actor acted with, is the one carried to the next segment. It is exactly the carry of the
+        paper's one-pass R2AC and equal to the actor's state, so the next segment's first pass is on-policy.
+        """
+        _check_rollout(segment)
+        cfg = self.config
+        b = segment.num_streams
+        if b % cfg.minibatches:
+            divisors = [d for d in range(1, b + 1) if b % d == 0]
+            raise ValueError(
+                f"R2ACConfig.minibatches = {cfg.minibatches} does not divide the {b} streams of a segment (num_envs on "
+                f"this process): choose minibatches among {divisors}, or num_envs a multiple of {cfg.minibatches}."
+            )
+        opt, sched = self.optimizers(), self.lr_schedulers()
+        start = self._segment_start(b)
+        every = torch.arange(b, device=segment.reset.device)
+        groups = every.chunk(cfg.minibatches)
+        moved_on = None
+        for epoch in range(cfg.epochs):
+            for j, streams in enumerate(groups):
+                first = epoch == 0 and j == 0
+                if start is not None:  # a copy: the unroll may update it in place (donation)
+                    self._carries["train"] = start.select(every if first else streams)
+                part = segment if first or cfg.minibatches == 1 else segment.select(streams)
+                self._loss_streams = streams if first and cfg.minibatches > 1 else None
+                try:
+                    result = self.shared_step(part, "train")
+                finally:
+                    self._loss_streams = None
+                if first:
+                    moved_on = self._carries.get("train")
+                opt.zero_grad()
+                self.manual_backward(result["loss"])
+                opt.step()  # clipping: on_before_optimizer_step, after AMP's unscale as in automatic optimisation
+                if sched is not None:
+                    sched.step()
+        if moved_on is not None:
+            self._carries["train"] = moved_on
+        return {k: v.detach() for k, v in result.items()}
+
+    def _segment_start(self, b: int) -> Carry | StackCarry | None:
+        """The "train" carry at the segment start for ``b`` streams (zeros before the first segment), adapted to the
+        method once and on the cell's device; None without a cell, or when the carry holds another number of streams
+        (the first pass then raises the base module's error)."""
+        if self.cell is None:
+            return None
+        carry = self._carries.get("train")
+        if carry is None:
+            return self.method.init_carry(self.cell, b)
+        if carry.batch_size != b:
+            return None
+        device = next(self.cell.parameters()).device
+        return self._adapt(carry if carry.device == device else carry.to(device), self.method)
+
+    def _update_return_statistics(self, segment: RolloutSegment) -> None:
+        """``reward_norm``: carry every stream's discounted return over entries 1..M and fold those returns into the
+        running statistics."""
+        if self.return_normalizer is None:
+            return
+        rewards = segment.rewards[1:].to(torch.float64) * self.config.reward_scale
+        carried = self._carries.get(_RETURNS)
+        start = rewards.new_zeros(segment.num_streams)
+        if carried is not None and carried.batch_size == segment.num_streams:
+            start = carried.c[:, 0].to(start)
+        returns, last = discounted_returns(start, rewards, segment.reset[1:], self.config.discount)
+        self.return_normalizer.update(returns)
+        self._carries[_RETURNS] = Carry(last.unsqueeze(-1))
 
     @override
     def configure_callbacks(self) -> list[Callback]:
@@ -345,6 +527,8 @@ class R2AC(OnlineRecurrentModule):
     # -- optimisation -------------------------------------------------------------------------------
     @override
     def configure_optimizers(self) -> Any:
+        """RMSProp or Adam at ``lr``, decaying linearly to 0 over ``total_updates`` optimiser steps (default: the
+        trainer's ``max_steps``, which counts optimiser steps: ``epochs * minibatches`` per segment)."""
         cfg = self.config
         if cfg.optimizer == "rmsprop":
             opt: torch.optim.Optimizer = torch.optim.RMSprop(
@@ -360,6 +544,8 @@ class R2AC(OnlineRecurrentModule):
         if not total:
             return opt
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: max(0.0, 1.0 - k / total))
+        if not self.automatic_optimization:  # several_passes steps it after every optimiser step
+            return {"optimizer": opt, "lr_scheduler": sched}
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
 
     @override
@@ -369,6 +555,13 @@ class R2AC(OnlineRecurrentModule):
             self.clip_gradients(
                 optimizer, gradient_clip_val=clip, gradient_clip_algorithm=gradient_clip_algorithm or "norm"
             )
+
+    @override
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # Lightning clips only under automatic optimisation; several passes clip here, at the same point of the step
+        # (after AMP's unscale, before the optimiser), so grad_clip means the same.
+        if not self.automatic_optimization:
+            self.configure_gradient_clipping(optimizer)
 
     # -- evaluation ---------------------------------------------------------------------------------
     def evaluate(
@@ -392,6 +585,22 @@ class R2AC(OnlineRecurrentModule):
         from onlinerec.rl.export import export_policy
 
         return export_policy(self, path, output=output, greedy=greedy)
+
+
+_RETURNS = "returns"
+"""Key of the per-stream discounted returns (``reward_norm``) among the carries: per-stream state like the recurrent
+one, kept per rank and checkpointed with it (never a buffer that DDP would broadcast from rank 0)."""
+
+
+def _check_rollout(segment: Any) -> None:
+    if not isinstance(segment, RolloutSegment):
+        raise TypeError(f"R2AC trains on RolloutSegments (from RolloutDataModule), got {type(segment).__name__}.")
+
+
+def _select_streams(outputs: tuple[Tensor, Tensor, Tensor], streams: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Policy parameters (M, B, P), values (M, B) and bootstrap values (B,) of the streams ``streams``."""
+    params, values, bootstrap = outputs
+    return params[:, streams], values[:, streams], bootstrap[streams]
 
 
 def _map(obs: Any, fn: Any) -> Any:

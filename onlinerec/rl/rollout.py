@@ -20,6 +20,7 @@ equal (up to float rounding), and the learner's RTRL sensitivities are exact for
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -34,6 +35,10 @@ from onlinerec.data.segment import Segment
 from onlinerec.rl.envs.base import action_kind, ensure_contract, run_env_seed
 from onlinerec.rl.nets import flatten_observation, text_ids
 from onlinerec.rl.policy import ActionHead, CategoricalHead
+
+# The rollout dataset is sized on purpose (so that Lightning does not prefetch a segment collected with stale
+# weights) and never runs in loader workers, so Lightning's warning about sized IterableDatasets does not apply.
+warnings.filterwarnings("ignore", message=r".*`IterableDataset` has `__len__` defined.*")
 
 __all__ = [
     "Actor",
@@ -200,6 +205,15 @@ class RolloutSegment(Segment):
             k: _tree_map(v, lambda x: x.to(device)) if isinstance(v, (Tensor, dict)) else v for k, v in values.items()
         }
         return type(self)(**moved)
+
+    def select(self, streams: Tensor) -> RolloutSegment:
+        """The segment of the streams ``streams`` (a 1-d index tensor, in that order): every (T, B, ...) field indexed
+        along B; ``frames`` and ``env_restarts`` (this process's counters) unchanged."""
+        values: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        picked = {
+            k: _tree_map(v, lambda x: x[:, streams]) if isinstance(v, (Tensor, dict)) else v for k, v in values.items()
+        }
+        return type(self)(**picked)
 
     @property
     def steps(self) -> int:

@@ -12,7 +12,6 @@ import json
 import math
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,7 +50,8 @@ class ExperimentConfig:
     M: int = 50
     """Unroll length: TD horizon, update period and BPTT span (docs/r2ac.md#overview)."""
     total_frames: float = 1e6
-    """Training budget in env frames; training runs ``total_frames / (M * num_envs * action_repeat)`` updates."""
+    """Training budget in env frames; training runs ``total_frames / (M * num_envs * action_repeat)`` segments, each one
+    update (``r2ac.epochs * r2ac.minibatches`` optimiser steps with several passes per segment)."""
     cell: str | None = "elstm"
     """Recurrent cell: a name in ``onlinerec.cells.CELLS`` (element-wise, for every method: "elstm", "qrnn", "sru",
     "lru", "mingru", "minlstm", "indrnn"; fully recurrent, for snap and tbptt only: "felstm", "lstm", "gru") or a class
@@ -91,7 +91,7 @@ class ExperimentConfig:
     placeholders take the config's values (``{env}`` with ``/`` and ``:`` as ``_``, ``{cell}`` "none" for the
     feed-forward baseline), so runs that differ in them never share a folder."""
     checkpoint_every: int = 1000
-    """Save ``last.ckpt`` every this many updates (and at the end)."""
+    """Save ``last.ckpt`` every this many segments (updates of the paper's one-pass R2AC; and at the end)."""
     resume: bool = True
     """Continue the run in ``out_dir`` from its ``checkpoints/last.ckpt`` if there is one, provided it is the same
     experiment (config.json: only budgets and reporting may change). False refuses a folder that already holds a run,
@@ -99,7 +99,7 @@ class ExperimentConfig:
     allow_config_change: bool = False
     """Resume even though settings that define the experiment changed (recorded in config_changes.json)."""
     log_every: int = 10
-    """Log metrics every this many updates."""
+    """Log metrics every this many segments."""
     threads: int | None = None
     """torch.set_num_threads (None: the strategy's "auto": 1 thread on machines with at most 4 cores, else torch's
     default)."""
@@ -156,13 +156,15 @@ def _strategy(cfg: ExperimentConfig):
 
 
 def build(cfg: ExperimentConfig):
-    """(model, datamodule, strategy, number of updates) for a config."""
+    """(model, datamodule, strategy, number of optimiser steps) for a config: one step per segment, or
+    ``r2ac.epochs * r2ac.minibatches`` (Lightning's ``max_steps`` and the LR schedule count optimiser steps)."""
     from onlinerec.rl.r2ac import R2AC
     from onlinerec.rl.rollout import RolloutDataModule
 
     dm = RolloutDataModule(cfg.env, num_envs=cfg.num_envs, seed=cfg.seed, env_kwargs=cfg.env_kwargs)
     obs_space, action_space, repeat = dm.spaces()
-    updates = max(1, math.ceil(float(cfg.total_frames) / (cfg.M * cfg.num_envs * repeat)))
+    segments = max(1, math.ceil(float(cfg.total_frames) / (cfg.M * cfg.num_envs * repeat)))
+    updates = segments * cfg.r2ac.passes
     r2ac = R2ACConfig(**{**asdict(cfg.r2ac), "total_updates": cfg.r2ac.total_updates or updates})
     cell_kwargs = dict(cfg.cell_kwargs)
     if cfg.layers is not None and cfg.cell is not None:  # make_cell builds the Stack (kept in the checkpoint's kwargs)
@@ -229,8 +231,14 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def config_changes(stored: dict[str, Any], cfg: ExperimentConfig) -> dict[str, tuple[Any, Any]]:
     """``{field: (stored value, new value)}`` for the fields that define the experiment and differ.
-    (``r2ac.total_updates`` follows ``total_frames``, which may change, so it is not compared.)"""
-    old, new = _flat(stored), _flat(json.loads(json.dumps(asdict(cfg), default=str)))
+    (``r2ac.total_updates`` follows ``total_frames``, which may change, so it is not compared.) A field the stored
+    config lacks was added since that run started, which therefore ran with its default (every new field's default
+    keeps the old behaviour)."""
+
+    def flat(config: Any) -> dict[str, Any]:
+        return _flat(json.loads(json.dumps(config, default=str)))
+
+    old, new = {**flat(asdict(ExperimentConfig())), **flat(stored)}, flat(asdict(cfg))
     skip = RESUMABLE_CHANGES | {"r2ac.total_updates"}
     return {
         k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if k not in skip and old.get(k) != new.get(k)
@@ -280,11 +288,6 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    for noise in (
-        ".*IterableDataset. has .__len__. defined.*",
-        ".*defined a .validation_step. but have no .val_dataloader.*",
-    ):
-        warnings.filterwarnings("ignore", message=noise)  # the rollout loader is sized on purpose (no prefetch)
     L.seed_everything(cfg.seed, verbose=False)
     out = cfg.run_dir
     ckpt_path = resume_point(cfg, out)
@@ -301,7 +304,12 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     loggers += [make_logger(spec, out) for spec in cfg.loggers]
     ckpt_dir = out / "checkpoints"
     callbacks: list[Any] = [
-        ModelCheckpoint(dirpath=ckpt_dir, save_last=True, save_top_k=0, every_n_train_steps=cfg.checkpoint_every)
+        ModelCheckpoint(
+            dirpath=ckpt_dir,
+            save_last=True,
+            save_top_k=0,
+            every_n_train_steps=cfg.checkpoint_every * cfg.r2ac.passes,  # global_step counts optimiser steps
+        )
     ]
     if cfg.progress:
         callbacks.append(StepProgressBar(f"R2AC {cfg.method}(M={cfg.M}) updates", leave=True))

@@ -22,6 +22,7 @@ def vtrace(
     clip_rho: float | None = 1.0,
     clip_c: float | None = 1.0,
     clip_pg_rho: float | None = 1.0,
+    weight_advantages: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """V-trace value targets and policy-gradient advantages on time-major (T, B) tensors.
 
@@ -42,6 +43,8 @@ def vtrace(
         values: (T, B) V(x_t) from the learner.
         bootstrap_value: (B,) V(x_T).
         clip_rho, clip_c, clip_pg_rho: truncation levels (None: no truncation).
+        weight_advantages: False leaves the importance weight out of the advantages (``adv_s = r_s + gamma_s v_{s+1}
+            - V(x_s)``, ``clip_pg_rho`` unused), for an objective that applies pi/mu itself (PPO's clipped ratio).
 
     Returns:
         ``(vs, pg_advantages)``, both (T, B), detached.
@@ -69,6 +72,8 @@ def vtrace(
     vs = vs_minus_v + values
 
     vs_next = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)])
+    if not weight_advantages:
+        return vs, rewards + discounts * vs_next - values
     pg_rhos = rhos if clip_pg_rho is None else rhos.clamp(max=clip_pg_rho)
     pg_advantages = pg_rhos * (rewards + discounts * vs_next - values)
     return vs, pg_advantages
