@@ -9,6 +9,8 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
 - **R2AC arms** are ``onlinerec rl`` runs: the suite writes an ``ExperimentConfig`` YAML per job
   (``<out>/r2ac/<env>/<method>-seed<k>/config.yaml``) and runs ``python -m onlinerec.cli rl --config <it>``; the
   command is stored in the job's JSON, so any row can be re-run by hand.
+- **R2AC with issue 13's options** (``rtrl_passes``): RTRL with return and advantage normalisation, mean losses,
+  Adam and 4 clipped-ratio passes per segment, one setting fixed before any run (``R2AC_METHODS``).
 - **RecurrentPPO arm** (``ppo_lstm``): ``python benchmarks/memory_suite.py sb3 --env <name> --seed <k> --out ...``.
   Its envs are onlinerec's (``onlinerec.rl.envs.make_vector_env`` with the same env id and kwargs, behind a thin
   sb3 ``VecEnv`` adapter; SAME_STEP autoreset is sb3's own convention), seeded with the same
@@ -125,7 +127,18 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
     "rtrl": {"method": "rtrl", "cell": "elstm"},
     "tbptt": {"method": "tbptt", "cell": "elstm"},
     "ff": {"method": "tbptt", "cell": None},  # feed-forward: no core; the method only sets M for the rollouts
-}
+    # R2AC-RTRL with issue 13's options, one setting fixed before any run (PPO's usual values; not tuned): returns
+    # normalised, advantages normalised, mean losses, Adam (eps 1e-5), 4 clipped-ratio passes over every segment
+    # from its start carry, gradient-norm clip 0.5 (PPO's, for mean losses).
+    "rtrl_passes": {
+        "method": "rtrl",
+        "cell": "elstm",
+        "r2ac": {
+            "reward_norm": True, "advantage_norm": True, "loss_reduction": "mean", "optimizer": "adam",
+            "lr": 1.0e-3, "adam_eps": 1.0e-5, "epochs": 4, "ppo_clip": 0.2, "grad_clip": 0.5,
+        },
+    },
+}  # fmt: skip
 METHODS = [*R2AC_METHODS, "ppo_lstm"]
 EVAL_EPISODES = 32
 
@@ -181,7 +194,7 @@ def r2ac_config(name: str, method: str, seed: int, out: Path, steps: int, cell: 
         cell=arm["cell"],
         total_frames=steps,
         seed=seed,
-        r2ac={**spec.r2ac.get("r2ac", {}), "return_window": spec.window},
+        r2ac={**spec.r2ac.get("r2ac", {}), **arm.get("r2ac", {}), "return_window": spec.window},
         eval_episodes=EVAL_EPISODES,
         eval_envs=16,
         eval_max_steps=20_000,
