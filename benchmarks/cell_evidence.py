@@ -425,7 +425,7 @@ def plot(runs: dict[tuple[str, str, str], list[dict[str, Any]]], out: Path) -> N
                     _curves(ax, recs, COLORS[label], f"{NAMES[label]} (M={recs[0]['M']})")
             ax.axhline(0.25, color="gray", ls="--", lw=0.8)
             ax.set_ylim(0, 1.02)
-            ax.set_title(row.name if group == "deep" else f"{row.name}: {row.note}", fontsize=7.5)
+            ax.set_title(row.name if group == "deep" else f"{row.name}: {row.note}".replace("\\|", "|"), fontsize=7.5)
             ax.set_xlabel("training sequences seen" if group == "deep" else "weight updates", fontsize=7.5)
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
