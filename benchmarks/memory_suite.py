@@ -11,6 +11,9 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   command is stored in the job's JSON, so any row can be re-run by hand.
 - **R2AC with issue 13's options** (``rtrl_passes``): RTRL with return and advantage normalisation, mean losses,
   Adam and 4 clipped-ratio passes per segment, one setting fixed before any run (``R2AC_METHODS``).
+- **The ablation** (``--methods rtrl_rnorm rtrl_anorm rtrl_adam rtrl_ppo``, not run by default): each of those
+  changes alone on top of the paper's R2AC-RTRL (return normalisation; advantage normalisation; mean losses with
+  Adam; 4 clipped-ratio passes).
 - **RecurrentPPO arm** (``ppo_lstm``): ``python benchmarks/memory_suite.py sb3 --env <name> --seed <k> --out ...``.
   Its envs are onlinerec's (``onlinerec.rl.envs.make_vector_env`` with the same env id and kwargs, behind a thin
   sb3 ``VecEnv`` adapter; SAME_STEP autoreset is sb3's own convention), seeded with the same
@@ -130,16 +133,21 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
     # R2AC-RTRL with issue 13's options, one setting fixed before any run (PPO's usual values; not tuned): returns
     # normalised, advantages normalised, mean losses, Adam (eps 1e-5), 4 clipped-ratio passes over every segment
     # from its start carry, gradient-norm clip 0.5 (PPO's, for mean losses).
-    "rtrl_passes": {
-        "method": "rtrl",
-        "cell": "elstm",
-        "r2ac": {
-            "reward_norm": True, "advantage_norm": True, "loss_reduction": "mean", "optimizer": "adam",
-            "lr": 1.0e-3, "adam_eps": 1.0e-5, "epochs": 4, "ppo_clip": 0.2, "grad_clip": 0.5,
-        },
-    },
+    "rtrl_passes": {"method": "rtrl", "cell": "elstm", "r2ac": {
+        "reward_norm": True, "advantage_norm": True, "loss_reduction": "mean", "optimizer": "adam",
+        "lr": 1.0e-3, "adam_eps": 1.0e-5, "epochs": 4, "ppo_clip": 0.2, "grad_clip": 0.5,
+    }},
+    # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
+    "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
+    "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},
+    "rtrl_adam": {"method": "rtrl", "cell": "elstm", "r2ac": {
+        "loss_reduction": "mean", "optimizer": "adam", "lr": 1.0e-3, "adam_eps": 1.0e-5, "grad_clip": 0.5,
+    }},
+    "rtrl_ppo": {"method": "rtrl", "cell": "elstm", "r2ac": {"epochs": 4, "ppo_clip": 0.2}},
 }  # fmt: skip
-METHODS = [*R2AC_METHODS, "ppo_lstm"]
+ABLATION = ["rtrl_rnorm", "rtrl_anorm", "rtrl_adam", "rtrl_ppo"]
+"""Arms that are run only when named (``--methods``): not part of the default suite."""
+METHODS = [*(m for m in R2AC_METHODS if m not in ABLATION), "ppo_lstm"]
 EVAL_EPISODES = 32
 
 
@@ -500,7 +508,7 @@ def report(out: Path) -> Path | None:
         print("no finished runs yet")
         return None
     envs = [e for e in ENVS if any(r["env"] == e for r in records)]
-    methods = sorted({r["method"] for r in records}, key=lambda m: (METHODS + [m]).index(m))
+    methods = sorted({r["method"] for r in records}, key=lambda m: (METHODS + ABLATION + [m]).index(m))
     lines = [
         "| env | method | seeds | budget (agent steps) | final | MMER | AUC | greedy eval | wall min / run |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -564,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run every job that has no JSON yet, then report")
     run.add_argument("--out", default="runs/memory_suite")
     run.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
-    run.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    run.add_argument("--methods", nargs="+", default=METHODS, choices=[*METHODS, *ABLATION])
     run.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     run.add_argument("--jobs", type=int, default=2)
     run.add_argument("--budget-scale", type=float, default=1.0, help="multiply every env's agent-step budget")
