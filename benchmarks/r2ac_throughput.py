@@ -268,14 +268,19 @@ class _Marks:
 
 
 def run_env(opts: Options) -> RunResult:
+    env = make_env(opts.env_id, opts.num_envs, opts.seed)
+    env.reset()
+    return time_random_actions(env, "env", opts)
+
+
+def time_random_actions(env, name: str, opts: Options) -> RunResult:
+    """An env stack alone (already reset): uniformly random actions for as many segments as a run's updates."""
     import numpy as np
 
-    env = make_env(opts.env_id, opts.num_envs, opts.seed)
-    result = RunResult("env", opts.M * opts.num_envs * FRAME_SKIP)
+    result = RunResult(name, opts.M * opts.num_envs * FRAME_SKIP)
     rng = np.random.default_rng(opts.seed)
     n = int(env.single_action_space.n)
     marks = _Marks(result, opts.warmup, lambda: env.step_seconds, lambda: env.step_seconds)
-    env.reset()
     marks.mark()
     for _ in range(opts.warmup + opts.updates):
         for _ in range(opts.M):
@@ -698,7 +703,6 @@ def run_env_cleanrl(opts: Options) -> RunResult:
     ``SyncVectorEnv``), stepped with random actions, M vector steps per "update"."""
     import ale_py  # noqa: F401
     import gymnasium as gym
-    import numpy as np
 
     path, src = cleanrl_source(opts, matched=True)
     sys.path.insert(0, opts.cleanrl_dir)
@@ -707,18 +711,8 @@ def run_env_cleanrl(opts: Options) -> RunResult:
     )  # defines make_env, Agent, ...; its main block does not run
     env_id = f"{atari_game(opts.env_id)}NoFrameskip-v4"
     env = TimedEnv(gym.vector.SyncVectorEnv([ns["make_env"](env_id, i, False, "bench") for i in range(opts.num_envs)]))
-    result = RunResult("env-cleanrl", opts.M * opts.num_envs * FRAME_SKIP)
-    rng = np.random.default_rng(opts.seed)
-    n = int(env.single_action_space.n)
-    marks = _Marks(result, opts.warmup, lambda: env.step_seconds, lambda: env.step_seconds)
     env.reset(seed=opts.seed)
-    marks.mark()
-    for _ in range(opts.warmup + opts.updates):
-        for _ in range(opts.M):
-            env.step(rng.integers(0, n, size=opts.num_envs))
-        marks.mark()
-    env.close()
-    return result
+    return time_random_actions(env, "env-cleanrl", opts)
 
 
 def run_config(config: str, opts: Options, profile: bool = False, quick: bool = False) -> RunResult:

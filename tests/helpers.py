@@ -37,3 +37,9 @@ def quiet_trainer(strategy: Any = "rtrl", **kwargs: Any) -> L.Trainer:
         devices=1,
     )
     return L.Trainer(strategy=strategy, **{**defaults, **kwargs})
+
+
+TINY_RL = ["--num_envs", "2", "--M", "4", "--hidden_size", "8", "--fc_size", "16"]
+TINY_RL += ["--progress", "false", "--tensorboard", "false", "--threads", "1"]
+"""``onlinerec rl`` options for an agent small enough for a test: 2 streams, M 4, 8 units, no progress bar or
+TensorBoard, one thread."""

@@ -12,30 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import TINY_RL
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-TINY = [
-    "--num_envs",
-    "2",
-    "--M",
-    "4",
-    "--hidden_size",
-    "8",
-    "--fc_size",
-    "16",
-    "--progress",
-    "false",
-    "--tensorboard",
-    "false",
-    "--checkpoint_every",
-    "2",
-    "--eval_envs",
-    "1",
-    "--threads",
-    "1",
-    "--log_every",
-    "1",
-]
+TINY = [*TINY_RL, "--checkpoint_every", "2", "--eval_envs", "1", "--log_every", "1"]
 
 
 def run(script: str, *args: str, timeout: int = 180) -> subprocess.CompletedProcess:

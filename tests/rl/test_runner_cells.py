@@ -8,31 +8,9 @@ import torch
 
 from onlinerec.cells import LRUCell, MinGRUCell, Stack
 from onlinerec.rl.runner import build, parse_experiment, run_experiment
+from tests.helpers import TINY_RL
 
-TINY = [
-    "--num_envs",
-    "2",
-    "--M",
-    "4",
-    "--hidden_size",
-    "8",
-    "--fc_size",
-    "16",
-    "--env",
-    "memory:tmaze",
-    "--env_kwargs",
-    '{"length": 3}',
-    "--stem",
-    "mlp",
-    "--eval_episodes",
-    "0",
-    "--progress",
-    "false",
-    "--tensorboard",
-    "false",
-    "--threads",
-    "1",
-]
+TINY = [*TINY_RL, "--env", "memory:tmaze", "--env_kwargs", '{"length": 3}', "--stem", "mlp", "--eval_episodes", "0"]
 
 
 def test_a_stack_of_lru_layers_trains_checkpoints_and_resumes(tmp_path):
