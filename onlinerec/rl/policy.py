@@ -104,8 +104,9 @@ def space_from_spec(spec: dict[str, Any]) -> Any:
         return spaces.Discrete(spec["n"], start=spec.get("start", 0))
     if kind == "Box":
         shape = tuple(spec["shape"])
-        low = np.asarray(spec["low"], dtype=np.float64).reshape(shape if isinstance(spec["low"], list) else ())
-        high = np.asarray(spec["high"], dtype=np.float64).reshape(shape if isinstance(spec["high"], list) else ())
+        dtype = np.dtype(spec["dtype"])  # bounds in the space's own dtype: they came from it, so the cast is exact
+        low = np.asarray(spec["low"], dtype=dtype).reshape(shape if isinstance(spec["low"], list) else ())
+        high = np.asarray(spec["high"], dtype=dtype).reshape(shape if isinstance(spec["high"], list) else ())
         return spaces.Box(np.broadcast_to(low, shape), np.broadcast_to(high, shape), shape, dtype=spec["dtype"])
     if kind == "MultiDiscrete":
         return spaces.MultiDiscrete(spec["nvec"])
