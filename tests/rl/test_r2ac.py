@@ -140,6 +140,7 @@ def test_bf16_mixed_precision_trains_every_method(strategy):
         assert carry.sensitivities
 
 
+@pytest.mark.filterwarnings("ignore:.*AMP with fp16 is not supported on CPU.*")  # the fallback this test checks
 def test_16_mixed_precision_where_supported():
     """precision="16-mixed": float16 autocast (with a gradient scaler) where Lightning offers it on this device."""
     model = tiny()
