@@ -43,3 +43,18 @@ TINY_RL = ["--num_envs", "2", "--M", "4", "--hidden_size", "8", "--fc_size", "16
 TINY_RL += ["--progress", "false", "--tensorboard", "false", "--threads", "1"]
 """``onlinerec rl`` options for an agent small enough for a test: 2 streams, M 4, 8 units, no progress bar or
 TensorBoard, one thread."""
+
+
+def tiny_copy_task_fit(root_dir: Any, steps: int, level: int, train_size: int, val_size: int) -> list[str]:
+    """``onlinerec fit`` arguments for the copy task's YAML at test size: ``steps`` updates (validated at the last),
+    no progress bar, summary or logger, 2 streams of 4 units."""
+    from pathlib import Path
+
+    config = Path(__file__).resolve().parents[1] / "examples" / "copy_task.yaml"
+    return ["fit", "--config", str(config), "--trainer.max_steps", str(steps)]  + [
+        "--trainer.val_check_interval", str(steps), "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false", "--trainer.logger", "false", "--trainer.default_root_dir", str(root_dir),
+        "--data.init_args.level", str(level), "--data.init_args.train_size", str(train_size),
+        "--data.init_args.val_size", str(val_size), "--data.init_args.num_streams", "2",
+        "--model.init_args.hidden_size", "4",
+    ]  # fmt: skip

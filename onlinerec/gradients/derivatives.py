@@ -123,6 +123,24 @@ def substituted(cell: nn.Module, values: dict[str, Tensor]):
             module._parameters[attr] = old
 
 
+def _forward_per_row(
+    cell: nn.Module, method: str, params: dict[str, Tensor], gates: Tensor, c_prev: Tensor
+) -> tuple[Tensor, Tensor, dict[str, Tensor], Tensor]:
+    """Under grad mode: ``method`` on leaf copies of gates and c_prev with the parameters copied per row (R = the
+    leading dim), so one backward pass gives every row its own parameter derivative. Returns (g, c, rows, out)."""
+    r = c_prev.shape[0]
+    g = gates.detach().requires_grad_(True)
+    c = c_prev.detach().requires_grad_(True)
+    rows = {k: v.detach().expand(r, *v.shape).requires_grad_(True) for k, v in params.items()}
+    with substituted(cell, rows):
+        out = getattr(cell, method)(g, c)
+    if out.shape != c_prev.shape:
+        raise ValueError(
+            f"{type(cell).__name__}.{method} returned shape {tuple(out.shape)} for c_prev of shape {tuple(c_prev.shape)}."
+        )
+    return g, c, rows, out
+
+
 def _reverse_per_row(
     cell: nn.Module, method: str, params: dict[str, Tensor], gates: Tensor, c_prev: Tensor
 ) -> LocalDerivatives:
@@ -132,15 +150,7 @@ def _reverse_per_row(
         return _reverse_per_row_blocks(cell, method, params, gates, c_prev)
     r, n = c_prev.shape
     with torch.enable_grad():
-        g = gates.detach().requires_grad_(True)
-        c = c_prev.detach().requires_grad_(True)
-        rows = {k: v.detach().expand(r, *v.shape).requires_grad_(True) for k, v in params.items()}
-        with substituted(cell, rows):
-            out = getattr(cell, method)(g, c)
-        if out.shape != c_prev.shape:
-            raise ValueError(
-                f"{type(cell).__name__}.{method} returned shape {tuple(out.shape)} for c_prev of shape {tuple(c_prev.shape)}."
-            )
+        g, c, rows, out = _forward_per_row(cell, method, params, gates, c_prev)
         inputs = (g, c, *rows.values())
         grads = (
             torch.autograd.grad(out, inputs, torch.ones_like(out), allow_unused=True)
@@ -158,15 +168,7 @@ def _reverse_per_row_blocks(
     """:func:`_reverse_per_row` for units of K > 1 components: one forward pass, K backward passes."""
     r, k, n = c_prev.shape
     with torch.enable_grad():
-        g = gates.detach().requires_grad_(True)
-        c = c_prev.detach().requires_grad_(True)
-        rows = {name: v.detach().expand(r, *v.shape).requires_grad_(True) for name, v in params.items()}
-        with substituted(cell, rows):
-            out = getattr(cell, method)(g, c)
-        if out.shape != c_prev.shape:
-            raise ValueError(
-                f"{type(cell).__name__}.{method} returned shape {tuple(out.shape)} for c_prev of shape {tuple(c_prev.shape)}."
-            )
+        g, c, rows, out = _forward_per_row(cell, method, params, gates, c_prev)
         d_gates, d_state, *d_rows = _component_grads(out, (g, c, *rows.values()))
     d_params = {name: d.reshape(r, k, -1, n) for name, d in zip(rows, d_rows)}
     return LocalDerivatives(d_state, d_gates, d_params, out.detach())

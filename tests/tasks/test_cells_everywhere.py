@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,8 +15,8 @@ from onlinerec.cells import CELLS, FullyRecurrentCell, LRUCell, Stack
 from onlinerec.config import parse_config
 from onlinerec.tasks.classifier import SequenceClassifier
 from onlinerec.tasks.demo import QUICK, DemoConfig, run_demo, train_one
+from tests.helpers import tiny_copy_task_fit
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(
     delay=2, steps=2, seeds=1, hidden_size=4, num_streams=2, eval_size=4, curve_points=2, M=4
 )  # a query per segment
@@ -129,33 +128,7 @@ def test_the_copy_task_config_takes_a_cell_name_and_a_stack(tmp_path):
     """``--model.init_args.cell lru`` (a stack of two, through cell_kwargs) in the copy task's YAML, in-process."""
     from onlinerec.cli import lightning_cli
 
-    common = [
-        "fit",
-        "--config",
-        str(ROOT / "examples" / "copy_task.yaml"),
-        "--trainer.max_steps",
-        "2",
-        "--trainer.val_check_interval",
-        "2",
-        "--trainer.enable_progress_bar",
-        "false",
-        "--trainer.enable_model_summary",
-        "false",
-        "--trainer.logger",
-        "false",
-        "--trainer.default_root_dir",
-        str(tmp_path),
-        "--data.init_args.level",
-        "3",
-        "--data.init_args.train_size",
-        "8",
-        "--data.init_args.val_size",
-        "4",
-        "--data.init_args.num_streams",
-        "2",
-        "--model.init_args.hidden_size",
-        "4",
-    ]
+    common = tiny_copy_task_fit(tmp_path, steps=2, level=3, train_size=8, val_size=4)
     cli = lightning_cli(
         [*common, "--model.init_args.cell", "lru", "--model.init_args.cell_kwargs", "{layers: 2, residual: true}"]
     )

@@ -24,6 +24,7 @@ from onlinerec import RTRLStrategy
 from onlinerec.cells import CELLS, LRUCell, MinGRUCell, Stack, cell_reference, cell_spec, make_cell
 from onlinerec.data import CopyTaskDataModule
 from onlinerec.tasks import CopyTaskModule, SequenceClassifier
+from tests.helpers import tiny_copy_task_fit
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -196,38 +197,7 @@ def test_a_checkpoint_of_a_user_cell_reloads_in_a_fresh_process_without_register
 def test_the_command_line_takes_a_class_path(user_module, tmp_path):
     from onlinerec.cli import lightning_cli
 
-    cli = lightning_cli(
-        [
-            "fit",
-            "--config",
-            str(ROOT / "examples" / "copy_task.yaml"),
-            "--trainer.max_steps",
-            "1",
-            "--trainer.val_check_interval",
-            "1",
-            "--trainer.enable_progress_bar",
-            "false",
-            "--trainer.enable_model_summary",
-            "false",
-            "--trainer.logger",
-            "false",
-            "--trainer.default_root_dir",
-            str(tmp_path),
-            "--data.init_args.level",
-            "2",
-            "--data.init_args.train_size",
-            "4",
-            "--data.init_args.val_size",
-            "2",
-            "--data.init_args.num_streams",
-            "2",
-            "--model.init_args.hidden_size",
-            "4",
-            "--model.cell",
-            "user_cells_mod.LeakyCell",
-            "--model.cell_kwargs",
-            "{leak: 0.3}",
-        ]
-    )
+    args = tiny_copy_task_fit(tmp_path, steps=1, level=2, train_size=4, val_size=2)
+    cli = lightning_cli([*args, "--model.cell", "user_cells_mod.LeakyCell", "--model.cell_kwargs", "{leak: 0.3}"])
     assert type(cli.model.cell) is user_module.LeakyCell and cli.model.cell.leak == 0.3
     assert cli.model.hparams["cell"] == "user_cells_mod.LeakyCell" and cli.trainer.global_step == 1
