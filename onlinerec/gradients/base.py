@@ -105,8 +105,10 @@ class GradientMethod(ABC):
 
         ``donate=True`` gives up ``carry``: the method may update its tensors in place and return them in the new
         carry, so the old one must not be used afterwards (its sensitivities may already hold the new values). RTRL
-        and SnAP then run the fully online step (M = 1) in place: no new sensitivity tensor per step. The default
-        leaves ``carry`` intact. ``OnlineRecurrentModule`` donates its own training streams' carries."""
+        and SnAP then write the new sensitivities over the old ones: during the step at M = 1, right after backward has
+        read the old ones at M > 1 (see :class:`~onlinerec.gradients.carry.Carry`, "Deferred sensitivities"), so no
+        second sensitivity-sized tensor is alive. With a donated M > 1 segment, the graph's backward can run once. The
+        default leaves ``carry`` intact. ``OnlineRecurrentModule`` donates its own training streams' carries."""
         self.check_cell(cell)
         if isinstance(cell, Stack):
             if not isinstance(carry, StackCarry) or len(carry.layers) != cell.num_layers:

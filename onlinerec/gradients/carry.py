@@ -33,6 +33,12 @@ class Carry:
     through :meth:`fold_` first to change the carried values in place). ``state_dict`` keeps S~ and a, so that
     resuming continues bit for bit.
 
+    **Deferred sensitivities.** A carry returned by ``unroll(..., donate=True)`` for a segment of M > 1 steps may hold
+    the old sensitivities S_0 and a pending update: backward needs S_0, so the new ones are written over it once that
+    backward has read it (one sensitivity-sized tensor alive instead of two). Every read of the sensitivities
+    (``sensitivities``, ``state_dict``, ``select``, ``to``, the next ``unroll``) sees the new values: read before that
+    backward, they are computed out of place and the graph keeps S_0 intact.
+
     **Donated carries.** A carry given to ``unroll(..., donate=True)`` belongs to that call: its tensors may have
     been updated in place into the returned carry, so reading its sensitivities afterwards raises.
     """
@@ -44,11 +50,13 @@ class Carry:
         sensitivities: dict[str, Tensor] | None = None,
         *,
         scale: Tensor | None = None,
+        pending: Any = None,
     ) -> None:
         self.c = c
         self.window = window
         self._sensitivities: dict[str, Tensor] = {} if sensitivities is None else sensitivities
         self._scale = scale
+        self._pending = pending  # a deferred update of the sensitivities (see "Deferred sensitivities")
         self._donated = False
 
     # -- the sensitivities -------------------------------------------------------------------------
@@ -56,6 +64,7 @@ class Carry:
     def sensitivities(self) -> dict[str, Tensor]:
         """dc/dtheta per tracked parameter (see the class docstring); for a lazily scaled carry a computed copy."""
         self._check_not_donated()
+        self._settle()
         if self._scale is None:
             return self._sensitivities
         return {k: _unscaled(v, self._scale) for k, v in self._sensitivities.items()}
@@ -63,7 +72,7 @@ class Carry:
     @sensitivities.setter
     def sensitivities(self, value: dict[str, Tensor]) -> None:
         self._check_not_donated()
-        self._sensitivities, self._scale = value, None
+        self._sensitivities, self._scale, self._pending = value, None, None
 
     @property
     def scale(self) -> Tensor | None:
@@ -77,18 +86,25 @@ class Carry:
     def raw_sensitivities(self) -> tuple[dict[str, Tensor], Tensor | None]:
         """The stored tensors S~ and the scale a (None if unscaled), as they are: for gradient methods."""
         self._check_not_donated()
+        self._settle()
         return self._sensitivities, self._scale
 
     def fold_(self) -> Carry:
         """Apply a lazy scale to the stored tensors in place (one pass over them), so that ``sensitivities`` is the
         live dict again; returns self."""
         self._check_not_donated()
+        self._settle()
         if self._scale is not None:
             scale = self._scale
             for v in self._sensitivities.values():
                 v.mul_(scale[:, None, :, None].to(v.dtype))
             self._scale = None
         return self
+
+    def _settle(self) -> None:
+        """Apply a pending update of the sensitivities (see "Deferred sensitivities")."""
+        if self._pending is not None:
+            self._sensitivities, self._pending = self._pending.materialize(), None
 
     def _give_up(self) -> None:
         """Mark this carry as donated to ``unroll``: its tensors now belong to the carry that call returned."""
@@ -165,6 +181,7 @@ class Carry:
         shapes = {k: tuple(v.shape) for k, v in self._sensitivities.items()}
         extra = ", scaled" if self._scale is not None else ""
         extra += ", donated" if self._donated else ""
+        extra += ", update pending" if self._pending is not None and not self._pending.done else ""
         window = None if self.window is None else tuple(self.window.shape)
         return f"Carry(c={tuple(self.c.shape)}, window={window}, sensitivities={shapes}{extra})"
 

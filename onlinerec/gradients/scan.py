@@ -245,28 +245,41 @@ class _BlockScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, cell: ElementwiseCell, names: tuple[str, ...], unit: dict, keep: Tensor, gates: Tensor, c0, *ps):
-        m, b, _, n = gates.shape
+        m, b, g, n = gates.shape
         mask = keep[:, :, None, None]
-        c, steps = c0, []
-        c_prev = torch.empty(m, *c0.shape, dtype=c0.dtype, device=c0.device)
+        states = torch.empty(m, *c0.shape, dtype=c0.dtype, device=c0.device)
+        c_prev = torch.empty_like(states)
+        c = c0
         for t in range(m):
             torch.mul(c, mask[t], out=c_prev[t])
             if m > 1:  # with one step the derivative pass below gives the new state
-                c = cell.recurrence(gates[t], c_prev[t])
-                steps.append(c)
-        local = local_derivatives(cell, "recurrence", unit, gates.flatten(0, 1), c_prev.flatten(0, 1))
-        if m == 1:
-            steps = [local.value if local.value is not None else cell.recurrence(gates[0], c_prev[0])]
-        unfold = lambda x: x.reshape(m, b, *x.shape[1:])  # noqa: E731
-        jh = unfold(local.d_state) * mask.unsqueeze(-1)  # (M, B, K, K, N), zero where a reset cuts the stream
-        d_gates = unfold(local.d_gates)  # (M, B, K, G, N)
-        d_params = [unfold(local.d_params[k]) for k in names]  # (M, B, K, P, N)
+                c = states[t] = cell.recurrence(gates[t], c_prev[t])
+        # the derivatives, written chunk by chunk into their (M, ...) tensors: the autodiff temporaries of one chunk
+        # at a time (a quarter of the segment) instead of all M steps'
+        k = c0.shape[1]
+        jh = torch.empty(m, b, k, k, n, dtype=c0.dtype, device=c0.device)  # zero where a reset cuts the stream
+        d_gates = torch.empty(m, b, k, g, n, dtype=c0.dtype, device=c0.device)
+        d_params = [
+            torch.empty(m, b, k, unit[name].numel() // n, n, dtype=c0.dtype, device=c0.device) for name in names
+        ]
+        size = -(-m // 8) if m * b * g * n >= CHUNK_MIN_ELEMENTS else m
+        for t0 in range(0, m, size):
+            t1 = min(t0 + size, m)
+            local = local_derivatives(cell, "recurrence", unit, gates[t0:t1].flatten(0, 1), c_prev[t0:t1].flatten(0, 1))
+            unfold = lambda x: x.reshape(t1 - t0, b, *x.shape[1:])  # noqa: E731, B023
+            torch.mul(unfold(local.d_state), mask[t0:t1].unsqueeze(-1), out=jh[t0:t1])
+            d_gates[t0:t1] = unfold(local.d_gates)
+            for name, d in zip(names, d_params):
+                d[t0:t1] = unfold(local.d_params[name])
+            if m == 1:
+                states[0] = local.value if local.value is not None else cell.recurrence(gates[0], c_prev[0])
+            del local
         ctx.save_for_backward(jh, d_gates, *d_params)
         ctx.param_shapes = [p.shape for p in ps]
         derivatives = (jh, d_gates, *d_params)
         ctx.mark_non_differentiable(*derivatives)
         ctx.set_materialize_grads(False)
-        return torch.stack(steps), *derivatives
+        return states, *derivatives
 
     @staticmethod
     def backward(ctx, grad: Tensor | None, *_):
@@ -277,13 +290,25 @@ class _BlockScan(torch.autograd.Function):
         lam = grad.contiguous().clone()  # (M, B, K, N): adjoints, built in place from the last step back
         for t in range(lam.shape[0] - 1, 0, -1):  # lambda_{t-1} += J_t^T lambda_t, per unit
             lam[t - 1].add_((jh[t] * lam[t].unsqueeze(2)).sum(1))
-        g_gates = (lam.unsqueeze(3) * d_gates).sum(2) if needs[4] else None
+        k = lam.shape[2]
+        per_component = lambda d: (lam[:, :, i, None, :] * d[:, :, i] for i in range(k))  # noqa: E731
+        g_gates = (
+            _sum_into(per_component(d_gates)) if needs[4] else None
+        )  # sum_k lam_k dc_k/dgates, no K-fold temporary
         g_c0 = (jh[0] * lam[0].unsqueeze(2)).sum(1) if needs[5] else None
         g_params = [
-            (lam.unsqueeze(3) * d).sum((0, 1, 2)).reshape(shape) if need else None
+            sum(part.sum((0, 1)) for part in per_component(d)).reshape(shape) if need else None
             for d, shape, need in zip(d_params, ctx.param_shapes, needs[6:])
         ]
         return (None, None, None, None, g_gates, g_c0, *g_params)
+
+
+def _sum_into(parts) -> Tensor:
+    """The sum of the tensors an iterator yields, accumulated into the first (one temporary at a time)."""
+    total = next(parts)
+    for part in parts:
+        total.add_(part)
+    return total
 
 
 def block_scan(

@@ -16,6 +16,7 @@ cells it refuses (:meth:`~SensitivityMethod.unit_parameters`), which parameters 
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,24 +46,82 @@ class _InjectSensitivity(torch.autograd.Function):
     S[b, k, p, n, f]) to each parameter's gradient; with a lazy ``scale`` a (B, N) (see :class:`Carry`), S = a * S~."""
 
     @staticmethod
-    def forward(ctx, c0: Tensor, n: int, scale: Tensor | None, *tensors: Tensor) -> Tensor:
+    def forward(ctx, c0: Tensor, n: int, scale: Tensor | None, after, *tensors: Tensor) -> Tensor:
         ctx.save_for_backward(*tensors[:n], *([] if scale is None else [scale]))
-        ctx.n, ctx.shapes = n, [p.shape for p in tensors[n:]]
+        ctx.n, ctx.shapes, ctx.after = n, [p.shape for p in tensors[n:]], after
         return c0.clone()
 
     @staticmethod
     def backward(ctx, grad: Tensor):
+        if ctx.after is not None and ctx.after.overwritten:
+            raise RuntimeError(
+                "backward ran a second time through a segment unrolled with donate=True: the first backward already "
+                "wrote the new sensitivities over the old ones that this gradient needs. Unroll without donate=True to "
+                "backpropagate through the same segment more than once (retain_graph=True)."
+            )
         saved = ctx.saved_tensors  # raises if the sensitivities were updated in place since (the next step ran first)
         sens, scale = saved[: ctx.n], (saved[ctx.n] if len(saved) > ctx.n else None)
-        needs = ctx.needs_input_grad[3 + ctx.n :]
+        needs = ctx.needs_input_grad[4 + ctx.n :]
         lam = grad if scale is None else grad * scale
         grads = [_contract(lam, s).reshape(shape) if need else None for s, shape, need in zip(sens, ctx.shapes, needs)]
-        return (grad, None, None, *([None] * ctx.n), *grads)
+        del saved, sens
+        if ctx.after is not None:  # S_0 has been read: a deferred carry may now overwrite it
+            ctx.after.old_sensitivities_read()
+        return (grad, None, None, None, *([None] * ctx.n), *grads)
 
 
-def _inject(c: Tensor, sensitivities: list[Tensor], params: list[Tensor], scale: Tensor | None = None) -> Tensor:
-    """c itself, whose backward also adds sum_b dL/dc[b] . S[b] to the gradient of each matching parameter."""
-    return _InjectSensitivity.apply(c, len(sensitivities), scale, *sensitivities, *params)
+def _inject(
+    c: Tensor,
+    sensitivities: list[Tensor],
+    params: list[Tensor],
+    scale: Tensor | None = None,
+    after: _DeferredCarry | None = None,
+) -> Tensor:
+    """c itself, whose backward also adds sum_b dL/dc[b] . S[b] to the gradient of each matching parameter (and then
+    tells ``after`` that S has been read)."""
+    return _InjectSensitivity.apply(c, len(sensitivities), scale, after, *sensitivities, *params)
+
+
+class _DeferredCarry:
+    """The new sensitivities of a donated segment (M > 1), computed once the old ones are no longer needed.
+
+    The gradient of the segment reads S_0 in backward, so computing S_M during the forward pass keeps both alive (two
+    sensitivity-sized tensors at the peak). Instead, the segment's local derivatives are kept (backward keeps them
+    anyway) and S_M is written over S_0 in place right after backward has read S_0: one sensitivity-sized tensor at
+    every moment. If the carry is read before that backward (``Carry.sensitivities``, a checkpoint, the next segment),
+    S_M is computed out of place as usual and the later backward still finds S_0 intact. Either way the result is the
+    same S_M = P(0,M) S_0 + sum_tau P(tau,M) I_tau."""
+
+    def __init__(self, method: SensitivityMethod, tracked: list[Tracked], sens0: dict[str, Tensor]) -> None:
+        self.method, self.tracked, self.sens0 = method, tracked, sens0
+        self.lin: Linearization | None = None
+        self.feats: Tensor | None = None
+        self.result: dict[str, Tensor] | None = None
+        self.overwritten = False  # S_0 now holds S_M
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    def arm(self, lin: Linearization, feats: Tensor) -> None:
+        self.lin, self.feats = lin, feats
+
+    def _compute(self, in_place: bool) -> dict[str, Tensor]:
+        if self.result is None:
+            with torch.no_grad():
+                self.result = self.method._carry(self.tracked, self.lin, self.feats, self.sens0, in_place=in_place)
+            self.lin = self.feats = None
+        return self.result
+
+    def old_sensitivities_read(self) -> None:
+        """Backward has used S_0: overwrite it with S_M (unless the carry was already read and computed)."""
+        if self.lin is not None:
+            self._compute(in_place=True)
+            self.overwritten = True
+
+    def materialize(self) -> dict[str, Tensor]:
+        """S_M for a reader of the carry: out of place if backward has not read S_0 yet."""
+        return self._compute(in_place=False)
 
 
 def _scale_bounds(dtype: torch.dtype) -> tuple[float, float]:
@@ -232,15 +291,22 @@ class SensitivityMethod(GradientMethod):
         if inputs.shape[0] == 1 and self.exact_carry(cell):
             return self._unroll_one_step(cell, tracked, params, inputs, reset, carry, donate)
         sens0 = _true_sensitivities(carry, donate)
-        c0 = _inject(carry.c, [sens0[tr.name] for tr in tracked], [params[tr.name] for tr in tracked])
+        deferred = _DeferredCarry(self, tracked, sens0) if donate and self._in_place_ok(sens0) else None
+        c0 = _inject(carry.c, [sens0[tr.name] for tr in tracked], [params[tr.name] for tr in tracked], after=deferred)
         keep = (~reset).to(inputs.dtype)
         feats, window = window_features(cell, inputs, keep, carry.window)
         gates = project(cell, feats)
         states, lin = self.linearized_scan(cell, params, gates, c0, keep)
         del gates  # not needed any more; peak memory is reached in the carry below
-        with torch.no_grad():
-            new_sens = self._carry(tracked, lin, feats, sens0)
-        return states, Carry(c=states[-1].detach(), window=window, sensitivities=new_sens)
+        if deferred is None:
+            with torch.no_grad():
+                new_sens = self._carry(tracked, lin, feats, sens0)
+            return states, Carry(c=states[-1].detach(), window=window, sensitivities=new_sens)
+        deferred.arm(lin, feats.detach())
+        if not c0.requires_grad:  # no backward will read S_0 (no_grad, nothing to train): overwrite it now
+            deferred.old_sensitivities_read()
+            return states, Carry(c=states[-1].detach(), window=window, sensitivities=deferred.materialize())
+        return states, Carry(c=states[-1].detach(), window=window, sensitivities=sens0, pending=deferred)
 
     def _unroll_one_step(self, cell, tracked, params, inputs, reset, carry, donate=False) -> tuple[Tensor, Carry]:
         """M = 1 (fully online). With one step, the exact gradient of every tracked parameter is sum_b e_1[b] * S_1[b],
@@ -258,18 +324,23 @@ class SensitivityMethod(GradientMethod):
         scale = None
         with torch.no_grad():
             sens, old_scale = carry.raw_sensitivities()
-            if donate and self._in_place_ok(lin, sens):
+            if donate and self._in_place_ok(sens, lin):
                 new_sens, scale = self._carry_in_place(tracked, lin, feats, sens, old_scale)
+            elif donate and old_scale is None and self._in_place_ok(sens):  # K > 1: S_1 = J_1 S_0 + I_1 where S_0 lies
+                new_sens = self._carry(tracked, lin, feats, sens, in_place=True)
             else:
                 new_sens = self._carry(tracked, lin, feats, _true_sensitivities(carry, donate))
         last = _inject(states[0], [new_sens[tr.name] for tr in tracked], [params[tr.name] for tr in tracked], scale)
         return last.unsqueeze(0), Carry(c=states[0].detach(), window=window, sensitivities=new_sens, scale=scale)
 
-    def _in_place_ok(self, lin: Linearization, sens: dict[str, Tensor]) -> bool:
-        """Whether a donated carry can be updated in place: one component per unit (K > 1 takes the out-of-place
-        path), the batched :meth:`propagate` (a subclass with its own, e.g. the stepwise reference, keeps it), and
-        plain contiguous tensors of one dtype that autograd does not track."""
-        if lin.jh.dim() != 3 or type(self).propagate is not SensitivityMethod.propagate:
+    def _in_place_ok(self, sens: dict[str, Tensor], lin: Linearization | None = None) -> bool:
+        """Whether a donated carry can be updated in place: the batched :meth:`propagate` (a subclass with its own,
+        e.g. the stepwise reference, keeps it), plain contiguous tensors of one dtype that autograd does not track,
+        and, for the fully online step (given its ``lin``), one component per unit (K > 1 takes the out-of-place
+        path there)."""
+        if type(self).propagate is not SensitivityMethod.propagate:
+            return False
+        if lin is not None and lin.jh.dim() != 3:
             return False
         if len({s.dtype for s in sens.values()}) != 1:
             return False
@@ -319,36 +390,45 @@ class SensitivityMethod(GradientMethod):
         return {tr.name: sens[tr.name] for tr in tracked}, a
 
     def _carry(
-        self, tracked: list[Tracked], lin: Linearization, feats: Tensor, sens0: dict[str, Tensor]
+        self, tracked: list[Tracked], lin: Linearization, feats: Tensor, sens0: dict[str, Tensor], in_place=False
     ) -> dict[str, Tensor]:
-        """The new sensitivities, in the dtype of the old ones (under autocast the derivatives may be bfloat16)."""
+        """The new sensitivities, in the dtype of the old ones (under autocast the derivatives may be bfloat16);
+        ``in_place`` writes them over ``sens0`` (the batched :meth:`propagate` only)."""
         dtype = next(iter(sens0.values())).dtype
         with torch.autocast(lin.jh.device.type, enabled=False):
             lin.cast_(dtype)
-            return self.propagate(tracked, lin, feats.detach().to(dtype), sens0)
+            extra = {"in_place": True} if in_place else {}
+            return self.propagate(tracked, lin, feats.detach().to(dtype), sens0, **extra)
 
     def propagate(
-        self, tracked: list[Tracked], lin: Linearization, feats: Tensor, sens0: dict[str, Tensor]
+        self,
+        tracked: list[Tracked],
+        lin: Linearization,
+        feats: Tensor,
+        sens0: dict[str, Tensor],
+        in_place: bool = False,
     ) -> dict[str, Tensor]:
         """S_M = P(0,M) S_0 + sum_tau P(tau,M) I_tau, one batched matmul per dense weight.
 
-        ``lin`` is released and each derivative dropped as soon as it has been used, so that peak memory stays low;
-        each new sensitivity is allocated once (the matmul output) and the decayed S_0 is added into it in place.
+        ``lin`` is released and each derivative dropped as soon as it has been used, so that peak memory stays low.
+        Out of place, each new sensitivity is allocated once (the matmul output) and the decayed S_0 is added into it;
+        ``in_place`` decays S_0 where it lies and accumulates the matmul into it (no sensitivity-sized allocation).
         ``feats`` (M, B, F) are the window inputs that ``source="input"`` weights multiply."""
         jh, d_gates, d_params, c_prev, d_mixed = lin.release()
         sources = {"input": feats, "state": c_prev}
         if jh.dim() == 5:  # units of K > 1 components
-            return _propagate_blocks(tracked, jh, d_gates, d_params, d_mixed, sources, sens0)
+            return _propagate_blocks(tracked, jh, d_gates, d_params, d_mixed, sources, sens0, in_place)
         m, b, g, n = d_gates.shape
         p_rest, p_all = _exclusive_reverse_cumprod(jh)
         del jh
         scale = p_all[:, None, :, None]
         out = {}
         # small sensitivities first, so that their temporaries are gone before the big ones are allocated
+        decay = _Decay(lambda new, s0: new.addcmul_(s0, scale), (lambda s0: s0.mul_(scale)) if in_place else None)
         for tr in tracked:
             if tr.kind == "unit":
                 part = d_params[tr.name] if m == 1 else p_rest.unsqueeze(2) * d_params[tr.name]
-                out[tr.name] = part.sum(0).unsqueeze(-1).addcmul_(sens0[tr.name], scale)
+                out[tr.name] = _plus_decayed(part.sum(0).unsqueeze(-1), sens0[tr.name], decay)
         del d_params
         weighted = {"gates": d_gates if m == 1 else p_rest.unsqueeze(2) * d_gates}  # (M, B, G, N)
         if d_mixed is not None:  # a fully recurrent cell whose R c_prev enters other than as gates + R c_prev
@@ -356,22 +436,44 @@ class SensitivityMethod(GradientMethod):
         del p_rest, d_gates, d_mixed
         for tr in tracked:
             if tr.kind == "bias":
-                out[tr.name] = (
-                    weighted.get(tr.via, weighted["gates"]).sum(0).unsqueeze(-1).addcmul_(sens0[tr.name], scale)
-                )
-        if m > 1:  # the matmul operand (B, G*N, M); a contiguous copy beats a strided operand or output
-            weighted = {k: w.permute(1, 2, 3, 0).reshape(b, g * n, m) for k, w in weighted.items()}
+                part = weighted.get(tr.via, weighted["gates"]).sum(0).unsqueeze(-1)
+                out[tr.name] = _plus_decayed(part, sens0[tr.name], decay)
+        weighted = {k: w.permute(1, 2, 3, 0).reshape(b, g * n, m) for k, w in weighted.items()}
         for tr in tracked:
             if tr.kind == "weight":
-                s0 = sens0[tr.name]
                 x = sources[tr.source].transpose(0, 1)  # (B, M, F)
                 w = weighted.get(tr.via, weighted["gates"])
-                if m == 1:  # an outer product; bmm with an inner size of 1 is slow
-                    new = w[0].reshape(b, g * n, 1) * x
-                else:
-                    new = torch.bmm(w, x.contiguous())
-                out[tr.name] = new.view(s0.shape).addcmul_(s0, scale)
+                out[tr.name] = _plus_matmul(w, x, sens0[tr.name], decay)
         return {tr.name: out[tr.name] for tr in tracked}
+
+
+@dataclass(frozen=True)
+class _Decay:
+    """S_0 -> P(0,M) S_0 for the carry: added into a new tensor (``add_into(new, s0)``, returns new), or applied where
+    S_0 lies (``apply_(s0)``, returns s0; None when the carry is computed out of place)."""
+
+    add_into: Callable[[Tensor, Tensor], Tensor]
+    apply_: Callable[[Tensor], Tensor] | None
+
+
+def _plus_decayed(part: Tensor, s0: Tensor, decay: _Decay) -> Tensor:
+    """part + P(0,M) S_0: written into part, or (in place) into S_0."""
+    return decay.add_into(part, s0) if decay.apply_ is None else decay.apply_(s0).add_(part)
+
+
+def _plus_matmul(w: Tensor, x: Tensor, s0: Tensor, decay: _Decay) -> Tensor:
+    """w @ x + P(0,M) S_0 for a dense weight: w (B, R, M), x (B, M, F) and S_0 viewed as (B, R, F). In place the
+    product is accumulated into the decayed S_0 by the matmul itself (no product-sized temporary)."""
+    b, r, m = w.shape
+    if decay.apply_ is None:
+        new = w * x if m == 1 else torch.bmm(w, x.contiguous())  # m == 1: an outer product (bmm is slow there)
+        return decay.add_into(new.view(s0.shape), s0)
+    flat = decay.apply_(s0).view(b, r, -1)
+    if m == 1:
+        flat.addcmul_(w, x)
+    else:
+        flat.baddbmm_(w, x.contiguous())
+    return s0
 
 
 # -- units of K > 1 components: K x K blocks per unit -----------------------------------------------------------------
@@ -400,6 +502,41 @@ def _decay_into(new: Tensor, s0: Tensor, p_all: Tensor) -> Tensor:
     return new
 
 
+def _weighted_blocks(p_rest: Tensor, d: Tensor) -> Tensor:
+    """sum_j P(tau,M)[k, j] d_tau[j], written straight into the matmul's layout (B, K, X, N, M): p_rest (M, B, K, K, N),
+    d (M, B, K, X, N). K^2 multiply-adds of (M, B, X, N) each, with no temporary of the product's size."""
+    m, b, k, x, n = d.shape
+    out = torch.empty(b, k, x, n, m, dtype=d.dtype, device=d.device)
+    view = out.permute(4, 0, 1, 2, 3)  # (M, B, K, X, N)
+    for i in range(k):
+        torch.mul(d[:, :, 0], p_rest[:, :, i, 0, None, :], out=view[:, :, i])
+        for j in range(1, k):
+            view[:, :, i].addcmul_(d[:, :, j], p_rest[:, :, i, j, None, :])
+    return out
+
+
+def _weighted_sum(p_rest: Tensor, d: Tensor) -> Tensor:
+    """sum_tau sum_j P(tau,M)[k, j] d_tau[j]: (B, K, X, N) from p_rest (M, B, K, K, N) and d (M, B, K, X, N)."""
+    k = d.shape[2]
+    return torch.stack([sum((p_rest[:, :, i, j, None, :] * d[:, :, j]).sum(0) for j in range(k)) for i in range(k)], 1)
+
+
+def _decay_in_place_(s0: Tensor, p_all: Tensor) -> Tensor:
+    """s0 <- P(0,M) S_0 per unit, in place: s0 (B, K, X, N, F), p_all (B, K, K, N). A group of streams at a time, so that
+    the only temporary is an eighth of S_0 (a copy of the group, since the K components mix)."""
+    b, k = p_all.shape[:2]
+    group = max(1, b // 8)
+    p = p_all[:, :, :, None, :, None]  # (B, K, K, 1, N, 1)
+    for b0 in range(0, b, group):
+        rows = slice(b0, b0 + group)
+        old = s0[rows].clone()
+        for i in range(k):
+            torch.mul(old[:, 0], p[rows, i, 0], out=s0[rows, i])
+            for j in range(1, k):
+                s0[rows, i].addcmul_(old[:, j], p[rows, i, j])
+    return s0
+
+
 def _propagate_blocks(
     tracked: list[Tracked],
     jh: Tensor,
@@ -408,6 +545,7 @@ def _propagate_blocks(
     d_mixed: Tensor | None,
     sources: dict[str, Tensor | None],
     sens0: dict[str, Tensor],
+    in_place: bool = False,
 ) -> dict[str, Tensor]:
     """:meth:`SensitivityMethod.propagate` for units of K > 1 components: S_M = P(0,M) S_0 + sum_tau P(tau,M) I_tau with
     P(tau,M) the product of the K x K blocks after tau, and still one batched matmul (B, K*G*N, M) x (B, M, F) per dense
@@ -415,26 +553,26 @@ def _propagate_blocks(
     m, b, k, g, n = d_gates.shape
     p_rest, p_all = _block_products(jh)
     del jh
+    decay = _Decay(
+        lambda new, s0: _decay_into(new, s0, p_all), (lambda s0: _decay_in_place_(s0, p_all)) if in_place else None
+    )
     out = {}
     for tr in tracked:
         if tr.kind == "unit":
-            part = block_mul(p_rest, d_params[tr.name]).sum(0).unsqueeze(-1)  # (B, K, P, N, 1)
-            out[tr.name] = _decay_into(part, sens0[tr.name], p_all)
-    del d_params
-    weighted = {"gates": block_mul(p_rest, d_gates)}  # (M, B, K, G, N)
+            part = _weighted_sum(p_rest, d_params.pop(tr.name)).unsqueeze(-1)  # (B, K, P, N, 1)
+            out[tr.name] = _plus_decayed(part, sens0[tr.name], decay)
+    weighted = {"gates": _weighted_blocks(p_rest, d_gates)}  # (B, K, G, N, M)
+    del d_gates
     if d_mixed is not None:
-        weighted["mixed"] = block_mul(p_rest, d_mixed)
-    del p_rest, d_gates, d_mixed
+        weighted["mixed"] = _weighted_blocks(p_rest, d_mixed)
+    del p_rest, d_mixed
     for tr in tracked:
         if tr.kind == "bias":
-            part = weighted.get(tr.via, weighted["gates"]).sum(0).unsqueeze(-1)
-            out[tr.name] = _decay_into(part, sens0[tr.name], p_all)
-    weighted = {key: w.permute(1, 2, 3, 4, 0).reshape(b, k * g * n, m) for key, w in weighted.items()}
+            part = weighted.get(tr.via, weighted["gates"]).sum(-1).unsqueeze(-1)
+            out[tr.name] = _plus_decayed(part, sens0[tr.name], decay)
+    weighted = {key: w.view(b, k * g * n, m) for key, w in weighted.items()}
     for tr in tracked:
         if tr.kind == "weight":
-            s0 = sens0[tr.name]
             x = sources[tr.source].transpose(0, 1)  # (B, M, F)
-            w = weighted.get(tr.via, weighted["gates"])
-            new = w * x if m == 1 else torch.bmm(w, x.contiguous())  # m == 1: an outer product
-            out[tr.name] = _decay_into(new.view(s0.shape), s0, p_all)
+            out[tr.name] = _plus_matmul(weighted.get(tr.via, weighted["gates"]), x, sens0[tr.name], decay)
     return {tr.name: out[tr.name] for tr in tracked}

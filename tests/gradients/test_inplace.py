@@ -173,8 +173,9 @@ def test_mixed_segment_lengths_after_donated_steps(seg_lens, problem):
     assert_same_run(run_mixed(False), run_mixed(True))
 
 
-def test_units_of_two_components_and_fully_recurrent_cells_fall_back(problem):
-    """K > 1 (LRU) and SnAP on fully recurrent cells take the out-of-place path when donated, with the same result."""
+def test_units_of_two_components_and_fully_recurrent_cells_are_donated_without_a_lazy_scale(problem):
+    """K > 1 (LRU) and SnAP on fully recurrent cells update a donated carry in place without the lazy scale (the K x K
+    blocks mix components; SnAP's carry is not the gradient), with the same result."""
     inputs, reset, weights, d, n = problem
     for cls, method in ((LRUCell, RTRL()), (LRUCell, SnAP()), (FELSTMCell, SnAP()), (GRUCell, SnAP())):
         cell = make(cls, d, n)
@@ -182,6 +183,12 @@ def test_units_of_two_components_and_fully_recurrent_cells_fall_back(problem):
         donated = run(method, cell, inputs, reset, weights, 1, donate=True)
         assert_same_run(kept, donated)
         assert donated[2].scale is None, cls.__name__
+    cell, method = make(LRUCell, d, n), RTRL()
+    carry = method.init_carry(cell, inputs.shape[1])
+    storage = {k: v.data_ptr() for k, v in carry.raw_sensitivities()[0].items()}
+    states, carry = method.unroll(cell, inputs[:1], reset[:1], carry, donate=True)
+    states.sum().backward()
+    assert {k: v.data_ptr() for k, v in carry.raw_sensitivities()[0].items()} == storage
 
 
 def test_a_stack_donates_every_layer(problem):
@@ -291,3 +298,94 @@ def test_the_module_donates_its_training_streams_and_trains_as_before(monkeypatc
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
     for k, v in kept.carry().sensitivities.items():
         torch.testing.assert_close(donated.carry().sensitivities[k], v, rtol=1e-5, atol=1e-6)
+
+
+# -- M > 1: the donated carry is written over the old sensitivities once backward has read them ----------------------
+@pytest.mark.parametrize("cls", [*K1_CELLS, LRUCell])
+def test_donated_segments_equal_the_functional_ones_and_full_bptt(cls, problem):
+    inputs, reset, weights, d, n = problem
+    cell = make(cls, d, n)
+    kept = run(RTRL(), cell, inputs, reset, weights, 5, donate=False)
+    donated = run(RTRL(), cell, inputs, reset, weights, 5, donate=True)
+    assert_same_run(kept, donated)
+    w = weights.unsqueeze(-2) if cell.num_components > 1 else weights
+    expected, _ = bptt_gradients(cell, inputs, reset, w)
+    total = {k: sum(g[k] for g in donated[0]) for k in expected}
+    for name in expected:
+        assert rel_err(total[name], expected[name]) <= 1e-10, name
+
+
+@pytest.mark.parametrize("cls", [ELSTMCell, LRUCell])
+def test_a_donated_segment_overwrites_the_old_sensitivities_after_backward(cls, problem):
+    inputs, reset, _, d, n = problem
+    cell, method = make(cls, d, n), RTRL()
+    carry = method.init_carry(cell, inputs.shape[1])
+    _, carry = method.unroll(cell, inputs[:3], reset[:3], carry)
+    storage = {k: v.data_ptr() for k, v in carry.raw_sensitivities()[0].items()}
+    _, expected = method.unroll(cell, inputs[3:8], reset[3:8], carry)  # the functional result
+    states, new = method.unroll(cell, inputs[3:8], reset[3:8], carry, donate=True)
+    assert "update pending" in repr(new)
+    states.sum().backward()
+    assert "update pending" not in repr(new)
+    got = new.raw_sensitivities()[0]
+    assert {k: v.data_ptr() for k, v in got.items()} == storage  # written where S_0 was: no new tensor
+    for k, v in expected.sensitivities.items():
+        assert rel_err(got[k], v) <= 1e-12, k
+
+
+@pytest.mark.parametrize("cls", [ELSTMCell, LRUCell])
+def test_reading_a_donated_carry_before_backward_keeps_the_gradient_exact(cls, problem):
+    """A carry read before backward (a checkpoint, the next segment) is computed out of place; S_0 stays intact."""
+    inputs, reset, weights, d, n = problem
+    cell, method = make(cls, d, n), RTRL()
+    w = weights.unsqueeze(-2) if cell.num_components > 1 else weights
+    grads = {}
+    for donate in (False, True):
+        carry = method.init_carry(cell, inputs.shape[1])
+        _, carry = method.unroll(cell, inputs[:4], reset[:4], carry)
+        cell.zero_grad()
+        states, new = method.unroll(cell, inputs[4:9], reset[4:9], carry, donate=donate)
+        snapshot = {k: v.clone() for k, v in new.sensitivities.items()}  # read first
+        (states * w[4:9]).sum().backward()
+        for k, v in new.sensitivities.items():
+            torch.testing.assert_close(v, snapshot[k], rtol=0, atol=0)
+        grads[donate] = ({k: p.grad.clone() for k, p in cell.named_parameters() if p.grad is not None}, snapshot)
+    for k, g in grads[False][0].items():
+        assert rel_err(grads[True][0][k], g) <= 1e-12, k
+    for k, s in grads[False][1].items():
+        assert rel_err(grads[True][1][k], s) <= 1e-12, k
+
+
+def test_a_donated_segment_without_a_graph_is_updated_at_once(problem):
+    inputs, reset, _, d, n = problem
+    cell, method = make(LRUCell, d, n), RTRL()
+    carry = method.init_carry(cell, inputs.shape[1])
+    _, carry = method.unroll(cell, inputs[:3], reset[:3], carry)
+    _, expected = method.unroll(cell, inputs[3:8], reset[3:8], carry)
+    with torch.no_grad():
+        _, new = method.unroll(cell, inputs[3:8], reset[3:8], carry, donate=True)
+    assert "update pending" not in repr(new)
+    for k, v in expected.sensitivities.items():
+        assert rel_err(new.sensitivities[k], v) <= 1e-12, k
+
+
+def test_a_stack_of_donated_segments_equals_the_functional_one(problem):
+    inputs, reset, _, d, n = problem
+    torch.manual_seed(0)
+    stack = Stack([ELSTMCell(d, n), LRUCell(n, n)]).double()
+    weights = torch.randn(inputs.shape[0], inputs.shape[1], stack.output_size, dtype=torch.float64)
+    assert_same_run(
+        run(RTRL(), stack, inputs, reset, weights, 6, donate=False),
+        run(RTRL(), stack, inputs, reset, weights, 6, donate=True),
+    )
+
+
+def test_a_second_backward_through_a_donated_segment_is_refused_with_the_fix(problem):
+    inputs, reset, _, d, n = problem
+    cell, method = make(LRUCell, d, n), RTRL()
+    carry = method.init_carry(cell, inputs.shape[1])
+    _, carry = method.unroll(cell, inputs[:3], reset[:3], carry)
+    states, carry = method.unroll(cell, inputs[3:8], reset[3:8], carry, donate=True)
+    states.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second time.*Unroll without donate=True"):
+        states.sum().backward()
