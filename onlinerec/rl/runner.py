@@ -117,6 +117,9 @@ class ExperimentConfig:
     (gymnasium and MiniGrid ids get ``render_mode: rgb_array``), else its image observations."""
     accelerator: str = "auto"
     """Lightning accelerator ("cpu", "gpu", "auto")."""
+    precision: str | None = None
+    """Lightning precision, e.g. "bf16-mixed" (CPU and recent GPUs) or "16-mixed" (GPU); None: the Trainer's default,
+    32-bit. Autocast covers the stem, core and heads; the carried sensitivities keep their dtype (docs/r2ac.md)."""
 
     @property
     def run_dir(self) -> Path:
@@ -316,6 +319,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     trainer = L.Trainer(
         strategy=strategy,
         accelerator=cfg.accelerator,
+        precision=cfg.precision,
         devices=1,
         max_steps=updates,
         logger=loggers,

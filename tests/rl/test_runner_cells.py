@@ -47,3 +47,12 @@ def test_layers_mistakes_are_named():
     with pytest.raises(SystemExit):
         parse_experiment([*TINY, "--layers", "0"])
     assert parse_experiment(TINY).layers is None  # a run's stored config from before the option still resumes
+
+
+def test_the_runner_trains_in_bf16_mixed_precision(tmp_path):
+    """``onlinerec rl --precision bf16-mixed`` reaches the Trainer; the carried sensitivities stay float32."""
+    cfg = parse_experiment([*TINY, "--precision", "bf16-mixed", "--total_frames", "16", "--out_dir", str(tmp_path)])
+    assert run_experiment(cfg)["updates"] == 2
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    sens = ckpt["onlinerec"]["carries"]["train"]["sensitivities"]
+    assert sens and all(v.dtype == torch.float32 for v in sens.values())
