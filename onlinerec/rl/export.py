@@ -123,6 +123,7 @@ def export_policy(agent: Any, path: str | Path, *, output: str = "action", greed
     # A copy of the agent without its Trainer (and whatever hangs off it), on the CPU, in eval mode.
     memo = {id(v): None for v in (getattr(agent, "_trainer", None), getattr(agent, "_fabric", None)) if v is not None}
     model = copy.deepcopy(agent, memo).cpu().eval()
+    model.requires_grad_(False)  # outputs a deployment can hand to numpy (no autograd graph behind them)
     model.reset_streams()
 
     dtype = next(model.parameters()).dtype

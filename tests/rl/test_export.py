@@ -100,6 +100,7 @@ def test_export_options_and_metadata(tmp_path):
     sampled = torch.jit.load(str(model.export(tmp_path / "sampled.pt", greedy=False)))
     a, _ = sampled(torch.zeros(200, 6), torch.ones(200, dtype=torch.bool), sampled.initial_state(200))
     assert a.std() > 0 and (a.abs() <= 2).all()
+    assert not a.requires_grad and not params.requires_grad and not state[0].requires_grad  # env.step(a.numpy()) works
     with pytest.raises(ValueError, match="output"):
         model.export(tmp_path / "x.pt", output="logprobs")
 
@@ -114,6 +115,7 @@ def test_the_exported_file_needs_only_torch(tmp_path):
         "state = policy.initial_state(2)\n"
         "for t in range(5):\n"
         "    action, state = policy(torch.randn(2, 6), torch.tensor([t == 0, False]), state, torch.zeros(2))\n"
+        "    action.numpy()  # what an env loop does with it: no autograd graph behind the output\n"
         "print(action.dtype, tuple(action.shape))\n"
     )
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True, timeout=120)
