@@ -39,6 +39,12 @@ class _ResidualBlock(nn.Module):
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
 
 
+_VECTOR_STEM_HINT = (
+    "For vector observations use the MLP stem: stem='mlp' (onlinerec rl --stem mlp), or stem='auto', which picks the "
+    "stem from the observation's shape."
+)
+
+
 class ImpalaStem(nn.Module):
     """IMPALA ResNet (docs/r2ac.md#network): per stage Conv3x3 -> MaxPool3x3/s2/p1 -> 2 residual blocks; channels 16, 32, 32;
     then ReLU -> flatten -> Linear(-> out_features) -> ReLU. Atari (4,84,84) flattens to 3872, DMLab (3,72,96) to
@@ -50,7 +56,8 @@ class ImpalaStem(nn.Module):
         super().__init__()
         if len(obs_shape) != 3:
             raise ValueError(
-                f"ImpalaStem needs channels-first image observations (C, H, W); got shape {tuple(obs_shape)}."
+                f"ImpalaStem needs channels-first image observations (C, H, W); got shape {tuple(obs_shape)}. "
+                + _VECTOR_STEM_HINT
             )
         layers: list[nn.Module] = []
         c_in = obs_shape[0]
@@ -82,7 +89,8 @@ class NatureStem(nn.Module):
         super().__init__()
         if len(obs_shape) != 3:
             raise ValueError(
-                f"NatureStem needs channels-first image observations (C, H, W); got shape {tuple(obs_shape)}."
+                f"NatureStem needs channels-first image observations (C, H, W); got shape {tuple(obs_shape)}. "
+                + _VECTOR_STEM_HINT
             )
         self.convs = nn.Sequential(
             nn.Conv2d(obs_shape[0], 32, 8, stride=4),

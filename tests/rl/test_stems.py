@@ -105,3 +105,9 @@ def test_as_float_image_one_op_scaling():
     assert torch.equal(_as_float_image(f, torch.float32, channels_last=True), f.float())
     single = _as_float_image(obs[0], torch.float32, channels_last=True)
     assert single.shape == obs.shape[1:] and single.is_contiguous()
+
+
+@pytest.mark.parametrize("cls", [ImpalaStem, NatureStem])
+def test_an_image_stem_given_a_vector_observation_names_the_fix(cls):
+    with pytest.raises(ValueError, match=r"got shape \(3,\).*--stem mlp.*'auto'"):
+        cls((3,), 16)
