@@ -389,3 +389,15 @@ def test_a_second_backward_through_a_donated_segment_is_refused_with_the_fix(pro
     states.sum().backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="second time.*Unroll without donate=True"):
         states.sum().backward()
+
+
+@pytest.mark.parametrize("cls", [FELSTMCell, GRUCell, LRUCell])
+def test_snap_donated_segments_equal_the_functional_ones(cls, problem):
+    """SnAP's carry (approximate, and with dense recurrent weights for fully recurrent cells) takes the same deferred
+    path: the same gradients and carries as without donation."""
+    inputs, reset, weights, d, n = problem
+    cell = make(cls, d, n)
+    assert_same_run(
+        run(SnAP(), cell, inputs, reset, weights, 5, donate=False),
+        run(SnAP(), cell, inputs, reset, weights, 5, donate=True),
+    )
