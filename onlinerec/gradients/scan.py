@@ -292,9 +292,8 @@ class _BlockScan(torch.autograd.Function):
             lam[t - 1].add_((jh[t] * lam[t].unsqueeze(2)).sum(1))
         k = lam.shape[2]
         per_component = lambda d: (lam[:, :, i, None, :] * d[:, :, i] for i in range(k))  # noqa: E731
-        g_gates = (
-            _sum_into(per_component(d_gates)) if needs[4] else None
-        )  # sum_k lam_k dc_k/dgates, no K-fold temporary
+        # sum_k lam_k dc_k/dgates, accumulated without a K-fold temporary
+        g_gates = _sum_into(per_component(d_gates)) if needs[4] else None
         g_c0 = (jh[0] * lam[0].unsqueeze(2)).sum(1) if needs[5] else None
         g_params = [
             sum(part.sum((0, 1)) for part in per_component(d)).reshape(shape) if need else None

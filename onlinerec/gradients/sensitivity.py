@@ -515,12 +515,6 @@ def _weighted_blocks(p_rest: Tensor, d: Tensor) -> Tensor:
     return out
 
 
-def _weighted_sum(p_rest: Tensor, d: Tensor) -> Tensor:
-    """sum_tau sum_j P(tau,M)[k, j] d_tau[j]: (B, K, X, N) from p_rest (M, B, K, K, N) and d (M, B, K, X, N)."""
-    k = d.shape[2]
-    return torch.stack([sum((p_rest[:, :, i, j, None, :] * d[:, :, j]).sum(0) for j in range(k)) for i in range(k)], 1)
-
-
 def _decay_in_place_(s0: Tensor, p_all: Tensor) -> Tensor:
     """s0 <- P(0,M) S_0 per unit, in place: s0 (B, K, X, N, F), p_all (B, K, K, N). A group of streams at a time, so that
     the only temporary is an eighth of S_0 (a copy of the group, since the K components mix)."""
@@ -559,7 +553,7 @@ def _propagate_blocks(
     out = {}
     for tr in tracked:
         if tr.kind == "unit":
-            part = _weighted_sum(p_rest, d_params.pop(tr.name)).unsqueeze(-1)  # (B, K, P, N, 1)
+            part = _weighted_blocks(p_rest, d_params.pop(tr.name)).sum(-1, keepdim=True)  # (B, K, P, N, 1)
             out[tr.name] = _plus_decayed(part, sens0[tr.name], decay)
     weighted = {"gates": _weighted_blocks(p_rest, d_gates)}  # (B, K, G, N, M)
     del d_gates
