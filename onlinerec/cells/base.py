@@ -208,6 +208,24 @@ class ElementwiseCell(nn.Module, ABC):
         """
         return c if self.num_components == 1 else c.flatten(-2)
 
+    def recurrence_derivatives(
+        self, gates: Tensor, c_prev: Tensor, params: dict[str, Tensor]
+    ) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]] | None:
+        """Optional, for speed: :meth:`recurrence` and its local derivatives in closed form. None (the default): the
+        gradient methods take them from :meth:`recurrence` by automatic differentiation, as for every cell.
+
+        Rows: gates (R, G, N), c_prev (R, N) or (R, K, N); ``params`` holds the per-unit parameters to differentiate
+        (name -> tensor of shape (N,) or (P, N); use these values, not the module's). Returns ``(c, d_state, d_gates,
+        d_params)``: the new state; dc/dc_prev, (R, N) or per-unit blocks (R, K, K, N) with
+        ``d_state[r, k, j, n] = dc_k/dc_prev_j``; dc/dgates, (R, G, N) or (R, K, G, N); and per name dc/dp, (R, P, N)
+        or (R, K, P, N). Broadcast views (``expand``) are fine.
+
+        An override is checked against automatic differentiation once per cell (a float64 probe at random states,
+        gates and parameters) before it is used; a mismatch raises
+        :class:`~onlinerec.gradients.ClosedFormMismatchError`, so a wrong closed form never trains silently.
+        """
+        return None
+
     def forward(self, u: Tensor, c_prev: Tensor) -> Tensor:
         """One pure step: window features u (B, window*D) and c_prev (B, N) -> c (B, N) (K > 1: (B, K, N))."""
         gates = self.input_proj(u).unflatten(-1, (self.num_gates, self.hidden_size))

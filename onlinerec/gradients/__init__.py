@@ -7,7 +7,7 @@ derived from :data:`METHODS`.
 from onlinerec.gradients.base import GradientMethod
 from onlinerec.gradients.carry import Carry, StackCarry, load_carry
 from onlinerec.gradients.check import check_gradients
-from onlinerec.gradients.derivatives import NotElementwiseError
+from onlinerec.gradients.derivatives import ClosedFormMismatchError, NotElementwiseError
 from onlinerec.gradients.rtrl import RTRL
 from onlinerec.gradients.sensitivity import SensitivityMethod
 from onlinerec.gradients.snap import SnAP
@@ -24,6 +24,7 @@ __all__ = [
     "RTRL",
     "TBPTT",
     "Carry",
+    "ClosedFormMismatchError",
     "GradientMethod",
     "NotElementwiseError",
     "SensitivityMethod",

@@ -36,6 +36,11 @@ class NotElementwiseError(TypeError):
     """A cell's recurrence mixes hidden units (or batch rows), so exact cheap RTRL does not apply."""
 
 
+class ClosedFormMismatchError(ValueError):
+    """A cell's closed-form :meth:`~onlinerec.cells.ElementwiseCell.recurrence_derivatives` disagrees with automatic
+    differentiation of its recurrence, so it is not used (it would train with wrong gradients)."""
+
+
 class _Bound(nn.Module):
     """Exposes one method of a cell as ``forward`` so that torch.func can swap its parameters."""
 
@@ -72,7 +77,10 @@ def local_derivatives(
     parameters (name -> tensor, any shape ending in N) to differentiate. Inputs are treated as constants.
 
     Uses the one-pass reverse-mode path when :func:`recurrence_parameters` has validated it for this cell
-    and method, and forward mode otherwise. c_prev is (R, N), or (R, K, N) for units of K > 1 components."""
+    and method, and forward mode otherwise; a cell's own closed form when it has one and
+    :func:`recurrence_parameters` has checked it. c_prev is (R, N), or (R, K, N) for units of K > 1 components."""
+    if _CLOSED.get(cell, {}).get(method, False):
+        return _closed_form(cell, params, gates, c_prev)
     if c_prev.dim() in (2, 3) and _FAST.get(cell, {}).get(method, False):
         return _reverse_per_row(cell, method, params, gates, c_prev)
     return _forward_mode(cell, method, params, gates, c_prev)
@@ -174,6 +182,15 @@ def _reverse_per_row_blocks(
     return LocalDerivatives(d_state, d_gates, d_params, out.detach())
 
 
+def _closed_form(cell: nn.Module, params: dict[str, Tensor], gates: Tensor, c_prev: Tensor) -> LocalDerivatives:
+    """The cell's own :meth:`recurrence_derivatives`, as :class:`LocalDerivatives` (None if it has none)."""
+    found = cell.recurrence_derivatives(gates, c_prev, params)
+    if found is None:
+        return None
+    value, d_state, d_gates, d_params = found
+    return LocalDerivatives(d_state, d_gates, dict(d_params), value)
+
+
 def _forward_mode(
     cell: nn.Module, method: str, params: dict[str, Tensor], gates: Tensor, c_prev: Tensor
 ) -> LocalDerivatives:
@@ -209,6 +226,8 @@ def _forward_mode(
 
 _CHECKED: weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[str, ...]]] = weakref.WeakKeyDictionary()
 _FAST: weakref.WeakKeyDictionary[nn.Module, dict[str, bool]] = weakref.WeakKeyDictionary()
+_CLOSED: weakref.WeakKeyDictionary[nn.Module, dict[str, bool]] = weakref.WeakKeyDictionary()
+"""Cells whose closed-form derivatives (``recurrence_derivatives``) have been checked against autodiff."""
 _GATE_WEIGHTS: weakref.WeakKeyDictionary[nn.Module, dict[str, dict[str, tuple[int, ...]] | None]] = (
     weakref.WeakKeyDictionary()
 )
@@ -240,6 +259,9 @@ def recurrence_parameters(
         return cache[method]
     names = check_elementwise(cell, method, exclude, num_gates, n, components)
     _FAST.setdefault(cell, {})[method] = _per_row_matches(cell, method, names, num_gates, n, components)
+    _CLOSED.setdefault(cell, {})[method] = method == "recurrence" and _closed_form_matches(
+        cell, names, num_gates, n, components
+    )
     _GATE_WEIGHTS.setdefault(cell, {})[method] = (
         _find_gate_weights(cell, method, names, num_gates, n) if components == 1 else None
     )
@@ -314,6 +336,53 @@ def _per_row_matches(
         and all(close(fast.d_params[k], slow.d_params[k]) for k in names)
         and close(fast.value, value)
     )
+
+
+def _closed_form_matches(cell: nn.Module, names: tuple[str, ...], num_gates: int, n: int, components: int) -> bool:
+    """Whether the cell has a closed form of its local derivatives (``recurrence_derivatives``), after checking it
+    against forward- and reverse-mode autodiff at a float64 probe with perturbed parameters (two probe scales).
+
+    Raises:
+        ClosedFormMismatchError: naming the cell, the derivative that differs and by how much.
+    """
+    if not callable(getattr(cell, "recurrence_derivatives", None)):
+        return False
+    probe = copy.deepcopy(cell).double()
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in probe.parameters():
+            p.add_(0.3 * _randn(p.shape, gen, p.device))
+    params = {k: v.detach() for k, v in probe.named_parameters() if k in names}
+    cls = type(cell).__name__
+    for scale in (0.5, 3.0):
+        r = 5
+        gates = scale * _randn((r, num_gates, n), gen, _device(probe))
+        c_prev = scale * _state(r, n, components, gen, _device(probe))
+        with torch.no_grad():
+            closed = _closed_form(probe, params, gates, c_prev)
+        if closed is None:
+            return False
+        auto = _forward_mode(probe, "recurrence", params, gates, c_prev)
+        with torch.no_grad():
+            value = probe.recurrence(gates, c_prev)
+        pairs = [("the new state", value, closed.value), ("dc/dc_prev", auto.d_state, closed.d_state)]
+        pairs += [("dc/dgates", auto.d_gates, closed.d_gates)]
+        pairs += [(f"dc/d{k}", auto.d_params[k], closed.d_params.get(k)) for k in names]
+        for what, expected, got in pairs:
+            wrong = got is None or got.shape != expected.shape
+            err = None if wrong else _mismatch(expected, got, 1e-9)
+            if wrong or err is not None:
+                detail = (
+                    f"shape {None if got is None else tuple(got.shape)} where {tuple(expected.shape)} is expected"
+                    if wrong
+                    else f"a relative error of {err:.2g}"
+                )
+                raise ClosedFormMismatchError(
+                    f"{cls}.recurrence_derivatives disagrees with automatic differentiation of {cls}.recurrence: "
+                    f"{what} has {detail} (float64 probe, rows of random states and gates scaled by {scale}). Fix the "
+                    f"closed form, or delete the override: the derivatives then come from autodiff of recurrence."
+                )
+    return True
 
 
 PROBE_SCALES = (0.1, 1.0, 4.0, 16.0)
@@ -524,6 +593,14 @@ def verify_linearization(
     errors = [_mismatch(e, a, tol, sc) for e, a, sc in zip(expected, got, scales)]
     err = max((e for e in errors if e is not None), default=None)
     if err is not None:
+        if _CLOSED.get(cell, {}).get("recurrence", False):
+            raise ClosedFormMismatchError(
+                f"{type(cell).__name__}.recurrence_derivatives disagrees with automatic differentiation of "
+                f"{type(cell).__name__}.recurrence on live states ({where}): a vector-Jacobian product differs from "
+                f"what the closed form predicts by {err:.2g} (relative; tolerance {tol:.0e}), though it matched at "
+                "the float64 probe. Fix the closed form for states like these, or delete the override: the "
+                "derivatives then come from autodiff of recurrence."
+            )
         raise NotElementwiseError(
             f"{type(cell).__name__}.recurrence mixed hidden units (or batch rows) on live states ({where}): a "
             f"vector-Jacobian product of the recurrence differs from what its diagonal derivatives predict by "

