@@ -45,6 +45,14 @@ def test_r2ac_configs_parse_as_onlinerec_rl_configs(name, method, tmp_path):
     assert parsed.method == ("rtrl" if method.startswith("rtrl") else "tbptt")
 
 
+@pytest.mark.parametrize(("method", "gradient"), [("lru_passes", "rtrl"), ("lru_tbptt_passes", "tbptt")])
+def test_lru_arms_use_the_lru_with_its_own_settings_and_the_passes_options(method, gradient, tmp_path):
+    cfg = suite.r2ac_config("CartPoleNoVel", method, 0, tmp_path, 1000)
+    assert (cfg["cell"], cfg["method"], cfg["cell_kwargs"]) == ("lru", gradient, {})  # not the eLSTM's forget_bias
+    assert cfg["r2ac"]["epochs"] == 4 and cfg["r2ac"]["advantage_norm"] is True
+    assert suite.r2ac_config("CartPoleNoVel", "rtrl", 0, tmp_path, 1000)["cell_kwargs"] == {"forget_bias": 1.0}
+
+
 def test_sb3_adapter_acts_in_onlinerecs_streams():
     pytest.importorskip("sb3_contrib")
     from onlinerec.rl.envs import make_vector_env, run_env_seed
