@@ -137,6 +137,15 @@ class R2ACConfig:
         return self.epochs * self.minibatches
 
 
+def _mlp(width: int, sizes: list[int]) -> nn.Module:
+    """Linear + tanh layers of the given widths (sb3's policy MLP); no layers: the identity (no parameters)."""
+    layers: list[nn.Module] = []
+    for out in sizes:
+        layers += [nn.Linear(width, out), nn.Tanh()]
+        width = out
+    return nn.Sequential(*layers) if layers else nn.Identity()
+
+
 class R2AC(OnlineRecurrentModule):
     """Real-time recurrent actor-critic (Irie et al. 2024) with V-trace (docs/r2ac.md).
 
@@ -171,6 +180,9 @@ class R2AC(OnlineRecurrentModule):
         observation_space: the env's single observation space: a ``Box`` gives ``obs_shape``; a ``Dict`` or
             ``Tuple`` (or a Discrete/MultiDiscrete/Text space) gets a :class:`~onlinerec.rl.nets.DictStem`, one stem
             per key (``stem`` picks the CNN of image keys).
+        head_sizes: widths of a feed-forward tanh MLP between the core's output and the policy head, and of another
+            before the value head (sb3's recurrent policies use (64, 64)); () (the paper's): linear heads. Feed-forward,
+            so every gradient method treats it like the heads.
     """
 
     loss_reduction = "sum"
@@ -189,8 +201,12 @@ class R2AC(OnlineRecurrentModule):
         *,
         action_space: Any = None,
         observation_space: Any = None,
+        head_sizes: Sequence[int] = (),
     ) -> None:
         action_spec = _action_spec(num_actions, action_space)
+        head_sizes = [int(w) for w in head_sizes]
+        if any(w < 1 for w in head_sizes):
+            raise ValueError(f"head_sizes must be positive widths, got {head_sizes}.")
         obs_spec, obs_shape = _observation_spec(obs_shape, observation_space)
         core_in = fc_size + 1
         if isinstance(cell, str):
@@ -221,6 +237,7 @@ class R2AC(OnlineRecurrentModule):
                 "cell_kwargs": dict(cell_kwargs or {}),
                 "action_space": action_spec,
                 "observation_space": obs_spec,
+                "head_sizes": head_sizes,
             }
         )
         self._spaces = {  # the gymnasium spaces given (in memory only; checkpoints keep the specs)
@@ -235,6 +252,8 @@ class R2AC(OnlineRecurrentModule):
         else:
             self.stem = make_stem(stem, obs_shape, fc_size)
         head_in = core_in if cell_obj is None else cell_obj.output_size
+        self.policy_mlp, self.value_mlp = _mlp(head_in, head_sizes), _mlp(head_in, head_sizes)
+        head_in = head_sizes[-1] if head_sizes else head_in
         cfg = self.config
         self.policy: ActionHead = make_head(
             action_spec,
@@ -309,7 +328,7 @@ class R2AC(OnlineRecurrentModule):
 
     def heads(self, h: Tensor) -> tuple[Tensor, Tensor]:
         """Policy parameters (..., P) (the logits for Discrete actions) and value (...,) from core outputs h (..., N)."""
-        return self.policy(h), self.baseline(h).squeeze(-1)
+        return self.policy(self.policy_mlp(h)), self.baseline(self.value_mlp(h)).squeeze(-1)
 
     @torch.no_grad()
     def act(

@@ -68,6 +68,9 @@ class ExperimentConfig:
     """Vision stem: "impala" (paper), "nature" (cheaper on CPU), "mlp" (vector observations), "auto"."""
     fc_size: int = 256
     """Width of the stem's output (the core reads fc_size + 1 with the reward)."""
+    head_sizes: list[int] = field(default_factory=list)
+    """Widths of a tanh MLP before the policy head and of another before the value head (sb3's recurrent policies:
+    [64, 64]); [] (the paper's): linear heads on the core's output."""
     stem_checkpoint: str | None = None
     """Load the stem's weights from this R2AC checkpoint (the paper's pre-trained DMLab stem) ..."""
     freeze_stem: bool = False
@@ -181,6 +184,7 @@ def build(cfg: ExperimentConfig):
         fc_size=cfg.fc_size,
         config=r2ac,
         cell_kwargs=cell_kwargs,
+        head_sizes=cfg.head_sizes,
     )
     if cfg.stem_checkpoint:
         load_stem(model, cfg.stem_checkpoint)

@@ -39,6 +39,7 @@ def agents():
         "elstm": (R2AC(4, (6,), hidden_size=8, stem="mlp", fc_size=8), vector_obs),
         "qrnn-window": (R2AC(4, (6,), cell=QRNNCell(9, 8), stem="mlp", fc_size=8), vector_obs),
         "feed-forward": (R2AC(4, (6,), cell=None, stem="mlp", fc_size=8), vector_obs),
+        "mlp-heads": (R2AC(4, (6,), hidden_size=8, stem="mlp", fc_size=8, head_sizes=(5, 3)), vector_obs),
         "gaussian-tanh": (
             R2AC.from_spaces(
                 gym.spaces.Box(-5, 5, (6,)),

@@ -62,6 +62,21 @@ def test_custom_cell_instance_and_size_check():
         R2AC(2, (4,), cell=QRNNCell(5, 8), stem="mlp", fc_size=8)
 
 
+def test_mlp_heads_train_and_default_to_the_papers_linear_heads(tmp_path):
+    plain = tiny()
+    assert isinstance(plain.policy_mlp, torch.nn.Identity) and plain.hparams["head_sizes"] == []
+    model = tiny(head_sizes=(6, 5))
+    logits, value = model.heads(torch.randn(3, 8))
+    assert model.policy_mlp[2].out_features == 5 and logits.shape == (3, 2) and value.shape == (3,)
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    trainer(RTRLStrategy(M=M), 2).fit(model, RolloutDataModule(**ENV))
+    changed = {k for k, p in model.named_parameters() if not torch.equal(before[k], p)}
+    assert {"policy_mlp.0.weight", "policy_mlp.2.weight", "value_mlp.0.weight", "value_mlp.2.weight"} <= changed
+    assert model.hparams["head_sizes"] == [6, 5]
+    with pytest.raises(ValueError, match="head_sizes must be positive"):
+        tiny(head_sizes=(4, 0))
+
+
 def test_linear_lr_decay_to_zero():
     model = tiny(config=R2ACConfig(lr=1e-3))
     tr = trainer(RTRLStrategy(M=M), 4)
