@@ -121,9 +121,9 @@ ENVS: dict[str, EnvSpec] = {
         "gymnasium:CartPoleNoVel-v1", steps=BUDGET, window=20, r2ac=_R2AC_COMMON,
         sb3={  # rl-zoo hyperparams/ppo_lstm.yml, CartPoleNoVel-v1 ("lin_" = linear decay to 0)
             "n_envs": 8, "n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
-            "ent_coef": 0.0, "learning_rate": "lin_0.001", "clip_range": "lin_0.2",
+            "ent_coef": 0.0, "learning_rate": "lin_0.001", "clip_range": "lin_0.2", "normalize": True,
         },
-        sb3_source="rl-zoo ppo_lstm.yml (CartPoleNoVel-v1)",
+        sb3_source="rl-zoo ppo_lstm.yml (CartPoleNoVel-v1), with its VecNormalize (normalize: true)",
         random_return=22.0,
     ),
 }  # fmt: skip
@@ -341,22 +341,26 @@ def run_sb3(name: str, seed: int, out_json: Path, steps: int) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     spec = ENVS[name]
-    hp = {k: _schedule(v) for k, v in spec.sb3.items() if k != "n_envs"}
+    hp = {k: _schedule(v) for k, v in spec.sb3.items() if k not in ("n_envs", "normalize")}
     n_envs = int(spec.sb3.get("n_envs", 8))
-    env = sb3_vec_env(spec.env, n_envs, run_env_seed(seed, purpose="train"), spec.env_kwargs)
+    env = raw = sb3_vec_env(spec.env, n_envs, run_env_seed(seed, purpose="train"), spec.env_kwargs)
+    if spec.sb3.get("normalize"):  # rl-zoo's `normalize: true`: observations and rewards, with the run's gamma
+        from stable_baselines3.common.vec_env import VecNormalize
+
+        env = VecNormalize(raw, gamma=hp.get("gamma", 0.99))
     model = RecurrentPPO("MlpLstmPolicy", env, seed=seed, verbose=0, device="cpu", **hp)
     start = time.perf_counter()
     model.learn(total_timesteps=steps)
     train_seconds = time.perf_counter() - start
-    s, v = running_means(env.episodes, spec.window)
+    s, v = running_means(raw.episodes, spec.window)  # the env's own returns, before any normalisation
     grid, curve = curve_on_grid(s, v, steps)
-    eval_returns = evaluate_sb3(model, spec, seed)
+    eval_returns = evaluate_sb3(model, spec, seed, env.normalize_obs if env is not raw else None)
     env.close()
     return {
         "command": shlex.join(["python", "benchmarks/memory_suite.py", "sb3", *sb3_args(name, seed, steps, out_json)]),
         "config": {"env": spec.env, "env_kwargs": spec.env_kwargs, **spec.sb3, "source": spec.sb3_source},
         "train_seconds": train_seconds,
-        "steps": int(env.steps),
+        "steps": int(raw.steps),
         "grid": grid,
         "curve": curve,
         "eval": float(np.mean(eval_returns)) if eval_returns else float("nan"),
@@ -364,8 +368,11 @@ def run_sb3(name: str, seed: int, out_json: Path, steps: int) -> dict[str, Any]:
     }
 
 
-def evaluate_sb3(model: Any, spec: EnvSpec, seed: int, max_steps: int = 20_000) -> list[float]:
-    """Deterministic episodes on the evaluation streams, spread evenly over 16 streams (as R2AC's evaluation)."""
+def evaluate_sb3(
+    model: Any, spec: EnvSpec, seed: int, normalize_obs: Any = None, max_steps: int = 20_000
+) -> list[float]:
+    """Deterministic episodes on the evaluation streams, spread evenly over 16 streams (as R2AC's evaluation);
+    ``normalize_obs``: the training VecNormalize's (frozen) observation normalisation, if it had one."""
     from onlinerec.rl.envs import make_vector_env, run_env_seed
 
     n = 16
@@ -375,7 +382,8 @@ def evaluate_sb3(model: Any, spec: EnvSpec, seed: int, max_steps: int = 20_000) 
     state, start = None, np.ones(n, dtype=bool)
     returns: list[float] = []
     for _ in range(max_steps):
-        action, state = model.predict(obs, state=state, episode_start=start, deterministic=True)
+        seen = obs if normalize_obs is None else normalize_obs(obs)
+        action, state = model.predict(seen, state=state, episode_start=start, deterministic=True)
         obs, _, terminated, truncated, info = env.step(action)
         start = np.logical_or(terminated, truncated)
         for i in np.flatnonzero(info["episode_end"]):
@@ -560,7 +568,8 @@ def figure(records: list[dict[str, Any]], envs: list[str], methods: list[str], p
                 continue
             grid = np.asarray(rs[0]["grid"])
             ys = np.asarray([r["curve"] for r in rs], dtype=float)
-            line = ax.plot(grid, np.nanmean(ys, 0), label=f"{method} ({len(rs)})")[0]
+            style = {"linestyle": "--", "linewidth": 1} if method in ABLATION else {}  # the ablation: dashed
+            line = ax.plot(grid, np.nanmean(ys, 0), label=f"{method} ({len(rs)})", **style)[0]
             if len(rs) > 1:
                 ax.fill_between(grid, np.nanmin(ys, 0), np.nanmax(ys, 0), color=line.get_color(), alpha=0.15)
         if ENVS[env].random_return is not None:

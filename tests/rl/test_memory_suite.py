@@ -69,3 +69,33 @@ def test_sb3_adapter_acts_in_onlinerecs_streams():
             assert infos[i]["terminal_observation"].shape == (4,) and "episode" in infos[i]
     assert env.episodes and env.steps == 240
     env.close()
+
+
+def test_rl_zoo_normalize_wraps_training_and_evaluation_sees_the_same_scaling(tmp_path, monkeypatch):
+    pytest.importorskip("sb3_contrib")
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    assert suite.ENVS["CartPoleNoVel"].sb3["normalize"] is True  # rl-zoo's ppo_lstm.yml has normalize: true
+    seen = {}
+    evaluate = suite.evaluate_sb3
+
+    def spy(model, spec, seed, normalize_obs=None, **kw):
+        seen["env"], seen["normalize_obs"] = model.get_env(), normalize_obs
+        return evaluate(model, spec, seed, normalize_obs, max_steps=50)
+
+    monkeypatch.setattr(suite, "evaluate_sb3", spy)
+    record = suite.run_sb3("CartPoleNoVel", 0, tmp_path / "r.json", 512)
+    assert isinstance(seen["env"], VecNormalize) and seen["normalize_obs"] == seen["env"].normalize_obs
+    assert record["steps"] == 512 and record["config"]["normalize"] is True
+    assert all(v > 5 for v in record["curve"] if np.isfinite(v))  # the env's own returns, not normalised rewards
+
+
+def test_the_shipped_popgym_config_is_the_suites_lru_passes_arm(tmp_path):
+    import yaml
+
+    shipped = yaml.safe_load((suite.REPO / "examples" / "configs" / "popgym.yaml").read_text())
+    arm = suite.r2ac_config("RepeatPreviousEasy", "lru_passes", 0, tmp_path, 100_000)
+    for key in ("env", "num_envs", "M", "cell", "hidden_size", "stem", "fc_size", "total_frames", "eval_episodes"):
+        assert shipped[key] == arm[key], key
+    assert shipped.get("cell_kwargs", {}) == arm["cell_kwargs"]
+    assert {k: v for k, v in arm["r2ac"].items() if k != "return_window"} == shipped["r2ac"]
