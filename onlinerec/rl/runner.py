@@ -153,6 +153,11 @@ class ExperimentConfig:
                 raise ValueError("give the number of layers once: --layers or layers in --cell_kwargs, not both.")
             if self.cell is None and self.layers > 1:
                 raise ValueError(f"layers={self.layers} needs a cell to stack (--cell none: no recurrent core).")
+        if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.head_sizes):
+            raise ValueError(
+                f"head_sizes must be a list of positive layer widths (e.g. --head_sizes '[64, 64]'; [] for the "
+                f"paper's linear heads), got {self.head_sizes!r}."
+            )
 
 
 def _strategy(cfg: ExperimentConfig):

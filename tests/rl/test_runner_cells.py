@@ -56,3 +56,13 @@ def test_the_runner_trains_in_bf16_mixed_precision(tmp_path):
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     sens = ckpt["onlinerec"]["carries"]["train"]["sensitivities"]
     assert sens and all(v.dtype == torch.float32 for v in sens.values())
+
+
+def test_head_sizes_reach_the_agent_and_mistakes_are_named(tmp_path, capsys):
+    cfg = parse_experiment([*TINY, "--head_sizes", "[6, 5]", "--out_dir", str(tmp_path)])
+    model, *_ = build(cfg)
+    assert [m.out_features for m in model.policy_mlp if hasattr(m, "out_features")] == [6, 5]
+    assert parse_experiment(TINY).head_sizes == []  # the paper's linear heads by default
+    with pytest.raises(SystemExit):
+        parse_experiment([*TINY, "--head_sizes", "[64, 0]"])
+    assert "head_sizes must be a list of positive layer widths" in capsys.readouterr().err
