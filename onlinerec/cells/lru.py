@@ -76,13 +76,7 @@ class LRUCell(ElementwiseCell):
         return self.input_size
 
     def recurrence(self, gates: Tensor, c_prev: Tensor) -> Tensor:
-        modulus = torch.exp(-torch.exp(self.nu_log))
-        phase = torch.exp(self.theta_log)
-        lam_re, lam_im = modulus * torch.cos(phase), modulus * torch.sin(phase)
-        if self.gamma_log is not None:
-            gamma = torch.exp(self.gamma_log)
-        else:
-            gamma = torch.sqrt(-torch.expm1(-2 * torch.exp(self.nu_log)))
+        _, _, lam_re, lam_im, gamma = _eigenvalue(self.nu_log, self.theta_log, self.gamma_log)
         h_re, h_im = c_prev[..., 0, :], c_prev[..., 1, :]
         new_re = lam_re * h_re - lam_im * h_im + gamma * gates[..., 0, :]
         new_im = lam_re * h_im + lam_im * h_re + gamma * gates[..., 1, :]
@@ -98,10 +92,7 @@ class LRUCell(ElementwiseCell):
         r = c_prev.shape[0]
         nu_log, theta_log = params.get("nu_log", self.nu_log), params.get("theta_log", self.theta_log)
         gamma_log = params.get("gamma_log", self.gamma_log)
-        e = torch.exp(nu_log)
-        modulus, phase = torch.exp(-e), torch.exp(theta_log)
-        lam_re, lam_im = modulus * torch.cos(phase), modulus * torch.sin(phase)
-        gamma = torch.exp(gamma_log) if gamma_log is not None else torch.sqrt(-torch.expm1(-2 * e))
+        e, phase, lam_re, lam_im, gamma = _eigenvalue(nu_log, theta_log, gamma_log)
         h_re, h_im = c_prev[:, 0], c_prev[:, 1]
         rot_re, rot_im = lam_re * h_re - lam_im * h_im, lam_re * h_im + lam_im * h_re  # lambda h
         in_re, in_im = gamma * gates[:, 0], gamma * gates[:, 1]
@@ -124,3 +115,12 @@ class LRUCell(ElementwiseCell):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, train_gamma={self.train_gamma}"
+
+
+def _eigenvalue(nu_log: Tensor, theta_log: Tensor, gamma_log: Tensor | None) -> tuple[Tensor, ...]:
+    """(exp(nu_log), the phase exp(theta_log), Re lambda, Im lambda, gamma) for lambda = exp(-exp(nu_log) + i phase);
+    gamma = exp(gamma_log), or sqrt(1 - |lambda|^2) when it is not trained."""
+    e, phase = torch.exp(nu_log), torch.exp(theta_log)
+    modulus = torch.exp(-e)
+    gamma = torch.exp(gamma_log) if gamma_log is not None else torch.sqrt(-torch.expm1(-2 * e))
+    return e, phase, modulus * torch.cos(phase), modulus * torch.sin(phase), gamma

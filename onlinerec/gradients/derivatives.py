@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jvp, vmap
 
-from onlinerec.cells.base import call_checked
+from onlinerec.cells.base import ElementwiseCell, call_checked
 from onlinerec.gradients.structure import structural_violation
 
 
@@ -182,7 +182,7 @@ def _reverse_per_row_blocks(
     return LocalDerivatives(d_state, d_gates, d_params, out.detach())
 
 
-def _closed_form(cell: nn.Module, params: dict[str, Tensor], gates: Tensor, c_prev: Tensor) -> LocalDerivatives:
+def _closed_form(cell: nn.Module, params: dict[str, Tensor], gates: Tensor, c_prev: Tensor) -> LocalDerivatives | None:
     """The cell's own :meth:`recurrence_derivatives`, as :class:`LocalDerivatives` (None if it has none)."""
     found = cell.recurrence_derivatives(gates, c_prev, params)
     if found is None:
@@ -311,13 +311,7 @@ def _per_row_matches(
 
     The probe uses a row count that equals no other dimension, so a parameter copy whose row dimension
     broadcasts against anything but the rows shows up as an error or a mismatch."""
-    probe = copy.deepcopy(cell).double()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # structure, not current values (as in check_elementwise)
-        for p in probe.parameters():
-            p.add_(0.3 * _randn(p.shape, gen, p.device))
-    params = dict(probe.named_parameters())
-    params = {k: params[k] for k in names}
+    probe, params, gen = _perturbed_probe(cell, names, seed=1)
     taken = {1, num_gates, n, components} | {p.numel() // n for p in params.values()}
     r = next(k for k in range(3, 10**6) if k not in taken)
     gates = _randn((r, num_gates, n), gen, _device(probe))
@@ -340,19 +334,17 @@ def _per_row_matches(
 
 def _closed_form_matches(cell: nn.Module, names: tuple[str, ...], num_gates: int, n: int, components: int) -> bool:
     """Whether the cell has a closed form of its local derivatives (``recurrence_derivatives``), after checking it
-    against forward- and reverse-mode autodiff at a float64 probe with perturbed parameters (two probe scales).
+    against forward-mode autodiff (and the state against ``recurrence``) at a float64 probe with perturbed parameters,
+    at two probe scales.
 
     Raises:
         ClosedFormMismatchError: naming the cell, the derivative that differs and by how much.
     """
-    if not callable(getattr(cell, "recurrence_derivatives", None)):
+    own = getattr(type(cell), "recurrence_derivatives", None)
+    if own is None or own is ElementwiseCell.recurrence_derivatives:  # not overridden: nothing to probe
         return False
-    probe = copy.deepcopy(cell).double()
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in probe.parameters():
-            p.add_(0.3 * _randn(p.shape, gen, p.device))
-    params = {k: v.detach() for k, v in probe.named_parameters() if k in names}
+    probe, params, gen = _perturbed_probe(cell, names, seed=2)
+    params = {k: v.detach() for k, v in params.items()}
     cls = type(cell).__name__
     for scale in (0.5, 3.0):
         r = 5
@@ -383,6 +375,20 @@ def _closed_form_matches(cell: nn.Module, names: tuple[str, ...], num_gates: int
                     f"closed form, or delete the override: the derivatives then come from autodiff of recurrence."
                 )
     return True
+
+
+def _perturbed_probe(
+    cell: nn.Module, names: tuple[str, ...], seed: int
+) -> tuple[nn.Module, dict[str, Tensor], torch.Generator]:
+    """A float64 copy of the cell with randomly perturbed parameters (structure, not current values, as in
+    check_elementwise), its per-unit parameters ``names``, and the generator to draw probe points from."""
+    probe = copy.deepcopy(cell).double()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in probe.parameters():
+            p.add_(0.3 * _randn(p.shape, gen, p.device))
+    params = dict(probe.named_parameters())
+    return probe, {k: params[k] for k in names}, gen
 
 
 PROBE_SCALES = (0.1, 1.0, 4.0, 16.0)
