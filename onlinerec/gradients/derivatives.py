@@ -86,6 +86,12 @@ def local_derivatives(
     return _forward_mode(cell, method, params, gates, c_prev)
 
 
+def has_closed_form(cell: nn.Module, method: str = "recurrence") -> bool:
+    """Whether ``cell``'s local derivatives come from its own checked closed form (``recurrence_derivatives``; known
+    once :func:`recurrence_parameters` has run for it)."""
+    return _CLOSED.get(cell, {}).get(method, False)
+
+
 def _component_grads(out: Tensor, inputs: tuple[Tensor, ...]) -> list[Tensor]:
     """For a state (R, K, N): the gradient of each component's sum with respect to each input, stacked along a new
     axis 1, i.e. (R, K, *input.shape[1:]) per input (K reverse passes; zeros where an input is unused)."""

@@ -14,8 +14,13 @@ import torch
 from torch import Tensor
 
 from onlinerec.cells.base import ElementwiseCell, FullyRecurrentCell
-from onlinerec.gradients.derivatives import NotElementwiseError, recurrence_parameters, verify_linearization
-from onlinerec.gradients.scan import Linearization, block_scan, diagonal_scan
+from onlinerec.gradients.derivatives import (
+    NotElementwiseError,
+    has_closed_form,
+    recurrence_parameters,
+    verify_linearization,
+)
+from onlinerec.gradients.scan import Linearization, RecomputedBlocks, block_scan, diagonal_scan
 from onlinerec.gradients.sensitivity import SensitivityMethod
 
 
@@ -69,10 +74,12 @@ class RTRL(SensitivityMethod):
 
     def linearized_scan(
         self, cell: ElementwiseCell, params: dict[str, Tensor], gates: Tensor, c0: Tensor, keep: Tensor
-    ) -> tuple[Tensor, Linearization]:
+    ) -> tuple[Tensor, Linearization | RecomputedBlocks]:
         names = self.unit_parameters(cell)
-        scan = block_scan if cell.num_components > 1 else diagonal_scan
-        states, lin = scan(cell, names, params, gates, c0, keep)
+        if cell.num_components > 1:  # cheap derivatives (a checked closed form) are recomputed rather than kept
+            states, lin = block_scan(cell, names, params, gates, c0, keep, recompute=has_closed_form(cell))
+        else:
+            states, lin = diagonal_scan(cell, names, params, gates, c0, keep)
         steps = self._steps_to_verify(cell, gates.shape[0])
         if steps is not None and not torch.is_inference_mode_enabled():
             self._verify(cell, names, params, gates, c0, keep, states, lin, steps)
@@ -92,13 +99,14 @@ class RTRL(SensitivityMethod):
         t = m - 1 - (count // self.verify_every) % m  # the last step first: states deepest into the segment
         return range(t, t + 1)
 
-    def _verify(self, cell, names, params, gates, c0, keep, states, lin: Linearization, steps: range) -> None:
+    def _verify(self, cell, names, params, gates, c0, keep, states, lin, steps: range) -> None:
         count = self._segments[id(cell)] - 1
         at = slice(steps.start, steps.stop)
         with torch.no_grad():
             before = states[max(at.start - 1, 0) : at.stop - 1].detach()  # c_{t-1} for t in steps, but c0 for t = 0
             if at.start == 0:
                 before = torch.cat([c0.detach().unsqueeze(0), before])
+            part = lin[at]  # (a recomputed linearisation computes only these steps)
             mask = keep[at].reshape(len(steps), keep.shape[1], *([1] * (c0.dim() - 1)))
             where = f"segment {count} of this RTRL, step{'s' if len(steps) > 1 else ''} {steps.start}"
             where += f" to {steps.stop - 1}" if len(steps) > 1 else ""
@@ -109,9 +117,9 @@ class RTRL(SensitivityMethod):
                 gates[at],
                 before * mask,
                 keep[at],
-                lin.jh[at],
-                lin.d_gates[at],
-                {k: lin.d_params[k][at] for k in names},
+                part.jh,
+                part.d_gates,
+                {k: part.d_params[k] for k in names},
                 where=where,
                 seed=count,
             )

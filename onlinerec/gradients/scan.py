@@ -14,8 +14,10 @@ What backward keeps alive for M > 1, in state-sized tensors per step (TBPTT's gr
 - other cells: the gates and c_prev (G + 1), and backward recomputes the derivatives chunk by chunk.
 
 Units of K > 1 components (:func:`block_scan`) take the same route with a K x K Jacobian block per unit: backward is
-lambda_{t-1} = e_{t-1} + J_t^T lambda_t per unit, and keeps the blocks, dc/dgates and dc/dp of every step
-(K^2 + K*G + K*P state-sized tensors per step and unit).
+lambda_{t-1} = e_{t-1} + J_t^T lambda_t per unit. Cells whose derivatives have a checked closed form (the LRU) keep only
+the gates and c_prev (G + K per step) and recompute the derivatives a chunk of steps at a time, in backward and once
+more in the carry (:class:`RecomputedBlocks`); other cells keep the blocks, dc/dgates and dc/dp of every step
+(K^2 + K*G + K*P state-sized tensors per step).
 
 Backward cannot itself be differentiated (no double backward); ``retain_graph=True`` works.
 """
@@ -29,6 +31,12 @@ from torch import Tensor
 
 from onlinerec.cells.base import ElementwiseCell
 from onlinerec.gradients.derivatives import gate_weight_map, local_derivatives
+
+SECOND_BACKWARD = (
+    "backward ran a second time through a segment unrolled with donate=True: the first backward already wrote the new "
+    "sensitivities over the old ones that this gradient needs. Unroll without donate=True to backpropagate through the "
+    "same segment more than once (retain_graph=True)."
+)
 
 CHUNK_MIN_ELEMENTS = 1 << 13
 """Backward handles the steps in up to 4 chunks (last first) once M*B*G*N reaches this, to bound temporaries."""
@@ -240,14 +248,112 @@ def diagonal_scan(
 
 
 # -- units of K > 1 components: a K x K Jacobian block per unit ----------------------------------------------------
+class RecomputedBlocks:
+    """The linearisation of a segment of K > 1 units, recomputed chunk by chunk from its gates and states instead of kept.
+
+        For cells whose local derivatives have a checked closed form (``recurrence_derivatives``, e.g. the LRU), computing
+        them costs about as much as the recurrence itself, while keeping them costs K^2 + K*G + K*P state-sized tensors per
+        step (12 for the LRU). So the segment keeps only its gates (G per step; its states are its output, which the loss's
+    graph keeps anyway, and c_prev is rebuilt from them), backward recomputes the
+        derivatives of one chunk of steps at a time (in place of the forward pass, which no longer computes them), and the
+        carry recomputes them once more. ``[t0:t1]`` gives the :class:`Linearization` of those steps (jh masked by keep).
+    """
+
+    def __init__(self, cell: ElementwiseCell, names: tuple[str, ...], unit: dict[str, Tensor], keep: Tensor) -> None:
+        self.cell, self.names, self.unit = cell, names, unit
+        self.mask = keep[:, :, None, None, None]  # (M, B, 1, 1, 1): jh is zero where a reset cuts the stream
+        self.gates: Tensor | None = None  # (M, B, G, N), set by the forward pass
+        self.states: Tensor | None = None  # (M, B, K, N), the segment's own output: c_prev is rebuilt from it
+        self.c0: Tensor | None = None  # (B, K, N)
+        self.dtype: torch.dtype | None = None
+
+    @property
+    def steps(self) -> int:
+        return self.mask.shape[0]
+
+    @property
+    def chunk_size(self) -> int:
+        """Steps per recomputed chunk: an eighth of the segment once it is large enough to matter."""
+        m, b, g, n = self.gates.shape
+        return -(-m // 8) if m * b * g * n >= CHUNK_MIN_ELEMENTS else m
+
+    def __getitem__(self, steps: slice) -> Linearization:
+        t0, t1, _ = steps.indices(self.steps)
+        t = t1 - t0
+        local = local_derivatives(
+            self.cell, "recurrence", self.unit, self.gates[t0:t1].flatten(0, 1), self.c_prev_of(t0, t1).flatten(0, 1)
+        )
+        unfold = lambda x: x.reshape(t, -1, *x.shape[1:])  # noqa: E731
+        lin = Linearization(
+            unfold(local.d_state) * self.mask[t0:t1],
+            unfold(local.d_gates),
+            {k: unfold(local.d_params[k]) for k in self.names},
+        )
+        if self.dtype is not None:
+            lin.cast_(self.dtype)
+        return lin
+
+    def c_prev_of(self, t0: int, t1: int) -> Tensor:
+        """c_prev of steps t0..t1-1 (T, B, K, N): the states before them, zeroed where a reset precedes the step."""
+        before = self.states[t0 - 1 : t1 - 1] if t0 > 0 else torch.cat([self.c0.unsqueeze(0), self.states[: t1 - 1]])
+        return before * self.mask[t0:t1, ..., 0]
+
+    def chunks(self, reverse: bool = False):
+        """(t0, t1, the Linearization of steps t0..t1-1) for consecutive chunks covering the segment."""
+        size, m = self.chunk_size, self.steps
+        starts = range(0, m, size)
+        for t0 in reversed(starts) if reverse else starts:
+            yield t0, min(t0 + size, m), self[t0 : t0 + size]
+
+    # -- the Linearization interface, for readers that want every step at once ---------------------------------------
+    def cast_(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def materialize(self) -> Linearization:
+        return self[0 : self.steps]
+
+    @property
+    def jh(self) -> Tensor:
+        return self.materialize().jh
+
+    @property
+    def d_gates(self) -> Tensor:
+        return self.materialize().d_gates
+
+    @property
+    def d_params(self) -> dict[str, Tensor]:
+        return self.materialize().d_params
+
+    c_prev = d_mixed = None  # (Linearization's fields) K > 1 cells have no dense weight on the state
+
+    def release(self) -> tuple[Tensor, Tensor, dict[str, Tensor], Tensor | None, Tensor | None]:
+        """Every step's derivatives at once (:meth:`Linearization.release`); the gates and c_prev stay (a backward
+        still to come recomputes from them)."""
+        return self.materialize().release()
+
+    def discard(self) -> None:
+        """Let go of the gates and c_prev (once no backward or carry needs them)."""
+        self.gates = self.states = self.c0 = None
+
+
 class _BlockScan(torch.autograd.Function):
-    """:class:`_DiagonalScan` for units of K > 1 components: states (M, B, K, N) and the per-unit blocks."""
+    """:class:`_DiagonalScan` for units of K > 1 components: states (M, B, K, N) and the per-unit blocks (or, with
+    ``blocks`` (:class:`RecomputedBlocks`) and M > 1, nothing more: backward and the carry recompute them)."""
 
     @staticmethod
-    def forward(ctx, cell: ElementwiseCell, names: tuple[str, ...], unit: dict, keep: Tensor, gates: Tensor, c0, *ps):
+    def forward(ctx, cell: ElementwiseCell, names: tuple[str, ...], unit: dict, keep: Tensor, blocks, gates, c0, *ps):
         m, b, g, n = gates.shape
         mask = keep[:, :, None, None]
         states = torch.empty(m, *c0.shape, dtype=c0.dtype, device=c0.device)
+        ctx.param_shapes, ctx.gates_g = [p.shape for p in ps], g
+        ctx.set_materialize_grads(False)
+        if blocks is not None and m > 1:  # keep only what the derivatives are recomputed from
+            c = c0
+            for t in range(m):
+                c = states[t] = cell.recurrence(gates[t], c * mask[t])
+            blocks.gates, blocks.states, blocks.c0 = gates.detach(), states.detach(), c0.detach()
+            ctx.blocks = blocks
+            return (states,)
         c_prev = torch.empty_like(states)
         c = c0
         for t in range(m):
@@ -255,7 +361,7 @@ class _BlockScan(torch.autograd.Function):
             if m > 1:  # with one step the derivative pass below gives the new state
                 c = states[t] = cell.recurrence(gates[t], c_prev[t])
         # the derivatives, written chunk by chunk into their (M, ...) tensors: the autodiff temporaries of one chunk
-        # at a time (a quarter of the segment) instead of all M steps'
+        # at a time (an eighth of the segment) instead of all M steps'
         k = c0.shape[1]
         jh = torch.empty(m, b, k, k, n, dtype=c0.dtype, device=c0.device)  # zero where a reset cuts the stream
         d_gates = torch.empty(m, b, k, g, n, dtype=c0.dtype, device=c0.device)
@@ -275,31 +381,49 @@ class _BlockScan(torch.autograd.Function):
                 states[0] = local.value if local.value is not None else cell.recurrence(gates[0], c_prev[0])
             del local
         ctx.save_for_backward(jh, d_gates, *d_params)
-        ctx.param_shapes = [p.shape for p in ps]
+        ctx.blocks, ctx.names = None, names
         derivatives = (jh, d_gates, *d_params)
         ctx.mark_non_differentiable(*derivatives)
-        ctx.set_materialize_grads(False)
         return states, *derivatives
 
     @staticmethod
     def backward(ctx, grad: Tensor | None, *_):
-        needs = ctx.needs_input_grad  # (cell, names, unit, keep, gates, c0, *params)
+        needs = ctx.needs_input_grad  # (cell, names, unit, keep, blocks, gates, c0, *params)
         if grad is None:
             return (None,) * len(needs)
-        jh, d_gates, *d_params = ctx.saved_tensors
+        if ctx.blocks is not None:
+            if ctx.blocks.gates is None:  # let go of by the in-place carry, which ran after the first backward
+                raise RuntimeError(SECOND_BACKWARD)
+            source, names = ctx.blocks, ctx.blocks.names
+            chunks = source.chunks(reverse=True)
+        else:
+            jh, d_gates, *d_params = ctx.saved_tensors
+            names = ctx.names
+            whole = Linearization(jh, d_gates, dict(zip(names, d_params)))
+            chunks = iter([(0, jh.shape[0], whole)])
         lam = grad.contiguous().clone()  # (M, B, K, N): adjoints, built in place from the last step back
-        for t in range(lam.shape[0] - 1, 0, -1):  # lambda_{t-1} += J_t^T lambda_t, per unit
-            lam[t - 1].add_((jh[t] * lam[t].unsqueeze(2)).sum(1))
         k = lam.shape[2]
-        per_component = lambda d: (lam[:, :, i, None, :] * d[:, :, i] for i in range(k))  # noqa: E731
-        # sum_k lam_k dc_k/dgates, accumulated without a K-fold temporary
-        g_gates = _sum_into(per_component(d_gates)) if needs[4] else None
-        g_c0 = (jh[0] * lam[0].unsqueeze(2)).sum(1) if needs[5] else None
-        g_params = [
-            sum(part.sum((0, 1)) for part in per_component(d)).reshape(shape) if need else None
-            for d, shape, need in zip(d_params, ctx.param_shapes, needs[6:])
-        ]
-        return (None, None, None, None, g_gates, g_c0, *g_params)
+        shape = (*lam.shape[:2], ctx.gates_g, lam.shape[3])
+        g_gates = torch.empty(shape, dtype=lam.dtype, device=lam.device) if needs[5] else None
+        g_c0, g_params = None, [None] * len(names)
+        for t0, t1, d in chunks:  # last chunk first
+            part = lam[t0:t1]
+            for t in range(t1 - t0 - 1, 0, -1):  # lambda_{t-1} += J_t^T lambda_t, per unit
+                part[t - 1].add_((d.jh[t] * part[t].unsqueeze(2)).sum(1))
+            if t0 > 0:
+                lam[t0 - 1].add_((d.jh[0] * part[0].unsqueeze(2)).sum(1))
+            per_component = lambda x: (part[:, :, i, None, :] * x[:, :, i] for i in range(k))  # noqa: E731, B023
+            if g_gates is not None:  # sum_k lam_k dc_k/dgates, accumulated without a K-fold temporary
+                g_gates[t0:t1] = _sum_into(per_component(d.d_gates))
+            for i, (name, need) in enumerate(zip(names, needs[7:])):
+                if need:
+                    acc = sum(p.sum((0, 1)) for p in per_component(d.d_params[name]))
+                    g_params[i] = acc if g_params[i] is None else g_params[i].add_(acc)
+            if t0 == 0 and needs[6]:
+                g_c0 = (d.jh[0] * part[0].unsqueeze(2)).sum(1)
+            del d  # a recomputed chunk's derivatives are freed before the next chunk is built
+        g_params = [None if g is None else g.reshape(shape) for g, shape in zip(g_params, ctx.param_shapes)]
+        return (None, None, None, None, None, g_gates, g_c0, *g_params)
 
 
 def _sum_into(parts) -> Tensor:
@@ -311,10 +435,23 @@ def _sum_into(parts) -> Tensor:
 
 
 def block_scan(
-    cell: ElementwiseCell, names: tuple[str, ...], params: dict[str, Tensor], gates: Tensor, c0: Tensor, keep: Tensor
-) -> tuple[Tensor, Linearization]:
+    cell: ElementwiseCell,
+    names: tuple[str, ...],
+    params: dict[str, Tensor],
+    gates: Tensor,
+    c0: Tensor,
+    keep: Tensor,
+    recompute: bool = False,
+) -> tuple[Tensor, Linearization | RecomputedBlocks]:
     """:func:`diagonal_scan` for units of K > 1 components: c0 (B, K, N) -> states (M, B, K, N), differentiable with
-    respect to gates, c0 and ``params[names]``, and the detached linearisation with per-unit K x K blocks jh."""
+    respect to gates, c0 and ``params[names]``, and the detached linearisation with per-unit K x K blocks jh.
+
+    ``recompute`` (for M > 1): keep only the gates and c_prev and return a :class:`RecomputedBlocks` that recomputes the
+    derivatives on demand, for cells whose derivatives are cheap (a checked closed form)."""
     unit = {k: params[k].detach() for k in names}
-    states, jh, d_gates, *d_params = _BlockScan.apply(cell, names, unit, keep, gates, c0, *[params[k] for k in names])
+    blocks = RecomputedBlocks(cell, names, unit, keep) if recompute and gates.shape[0] > 1 else None
+    out = _BlockScan.apply(cell, names, unit, keep, blocks, gates, c0, *[params[k] for k in names])
+    if blocks is not None:
+        return out[0], blocks
+    states, jh, d_gates, *d_params = out
     return states, Linearization(jh, d_gates, dict(zip(names, d_params)))

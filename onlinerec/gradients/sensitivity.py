@@ -28,7 +28,7 @@ from onlinerec.cells.stack import Stack
 from onlinerec.gradients.base import GradientMethod, project, window_features
 from onlinerec.gradients.carry import Carry
 from onlinerec.gradients.derivatives import substituted
-from onlinerec.gradients.scan import Linearization
+from onlinerec.gradients.scan import SECOND_BACKWARD, Linearization, RecomputedBlocks
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,7 @@ class _InjectSensitivity(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         if ctx.after is not None and ctx.after.overwritten:
-            raise RuntimeError(
-                "backward ran a second time through a segment unrolled with donate=True: the first backward already "
-                "wrote the new sensitivities over the old ones that this gradient needs. Unroll without donate=True to "
-                "backpropagate through the same segment more than once (retain_graph=True)."
-            )
+            raise RuntimeError(SECOND_BACKWARD)
         saved = ctx.saved_tensors  # raises if the sensitivities were updated in place since (the next step ran first)
         sens, scale = saved[: ctx.n], (saved[ctx.n] if len(saved) > ctx.n else None)
         needs = ctx.needs_input_grad[4 + ctx.n :]
@@ -395,7 +391,7 @@ class SensitivityMethod(GradientMethod):
         """The new sensitivities, in the dtype of the old ones (under autocast the derivatives may be bfloat16);
         ``in_place`` writes them over ``sens0`` (the batched :meth:`propagate` only)."""
         dtype = next(iter(sens0.values())).dtype
-        with torch.autocast(lin.jh.device.type, enabled=False):
+        with torch.autocast(feats.device.type, enabled=False):
             lin.cast_(dtype)
             extra = {"in_place": True} if in_place else {}
             return self.propagate(tracked, lin, feats.detach().to(dtype), sens0, **extra)
@@ -414,6 +410,8 @@ class SensitivityMethod(GradientMethod):
         Out of place, each new sensitivity is allocated once (the matmul output) and the decayed S_0 is added into it;
         ``in_place`` decays S_0 where it lies and accumulates the matmul into it (no sensitivity-sized allocation).
         ``feats`` (M, B, F) are the window inputs that ``source="input"`` weights multiply."""
+        if isinstance(lin, RecomputedBlocks):
+            return _propagate_recomputed(tracked, lin, feats, sens0, in_place)
         jh, d_gates, d_params, c_prev, d_mixed = lin.release()
         sources = {"input": feats, "state": c_prev}
         if jh.dim() == 5:  # units of K > 1 components
@@ -502,12 +500,13 @@ def _decay_into(new: Tensor, s0: Tensor, p_all: Tensor) -> Tensor:
     return new
 
 
-def _weighted_blocks(p_rest: Tensor, d: Tensor) -> Tensor:
-    """sum_j P(tau,M)[k, j] d_tau[j] as a (B, K, X, N, M) view of an (M, B, K, X, N) tensor: p_rest (M, B, K, K, N),
-    d (M, B, K, X, N). K^2 multiply-adds of (M, B, X, N) each, with no temporary of the product's size. Written in
-    d's own layout (5x faster than writing with M innermost); the matmul reads the view at the same speed."""
+def _weighted_blocks(p_rest: Tensor, d: Tensor, out: Tensor | None = None) -> Tensor:
+    """sum_j P(tau,M)[k, j] d_tau[j] as a (B, K, X, N, M) view of an (M, B, K, X, N) tensor (``out`` if given): p_rest
+    (M, B, K, K, N), d (M, B, K, X, N). K^2 multiply-adds of (M, B, X, N) each, with no temporary of the product's size.
+    Written in d's own layout (5x faster than writing with M innermost); the matmul reads the view at the same speed."""
     m, b, k, x, n = d.shape
-    out = torch.empty(m, b, k, x, n, dtype=d.dtype, device=d.device)
+    if out is None:
+        out = torch.empty(m, b, k, x, n, dtype=d.dtype, device=d.device)
     for i in range(k):
         torch.mul(d[:, :, 0], p_rest[:, :, i, 0, None, :], out=out[:, :, i])
         for j in range(1, k):
@@ -517,19 +516,24 @@ def _weighted_blocks(p_rest: Tensor, d: Tensor) -> Tensor:
 
 def _decay_in_place_(s0: Tensor, p_all: Tensor) -> Tensor:
     """s0 <- P(0,M) S_0 per unit, in place: s0 (B, K, X, N, F), p_all (B, K, K, N). A group of streams at a time, so that
-    the only temporary is an eighth of S_0 (a copy of the group, since the K components mix)."""
+    the only temporary is a copy of K - 1 components of an eighth of S_0 (the K components mix: the last one is updated
+    where it lies, after the others have read it)."""
     b, k = p_all.shape[:2]
     group = max(1, b // 8)
     p = p_all[:, :, :, None, :, None]  # (B, K, K, 1, N, 1)
-    buffer = torch.empty_like(s0[:group])  # one buffer for every group: no fresh pages to fault in per group
+    buffer = torch.empty_like(s0[:group, : k - 1])  # one buffer for every group: no fresh pages to fault in per group
     for b0 in range(0, b, group):
         rows = slice(b0, b0 + group)
         old = buffer[: s0[rows].shape[0]]
-        old.copy_(s0[rows])
-        for i in range(k):
-            torch.mul(old[:, 0], p[rows, i, 0], out=s0[rows, i])
-            for j in range(1, k):
+        old.copy_(s0[rows, : k - 1])  # components 0 .. K-2; component K-1 is still in s0 until the last write
+        last = s0[rows, k - 1]
+        for i in range(k - 1):
+            torch.mul(last, p[rows, i, k - 1], out=s0[rows, i])
+            for j in range(k - 1):
                 s0[rows, i].addcmul_(old[:, j], p[rows, i, j])
+        last.mul_(p[rows, k - 1, k - 1])
+        for j in range(k - 1):
+            last.addcmul_(old[:, j], p[rows, k - 1, j])
     return s0
 
 
@@ -571,4 +575,48 @@ def _propagate_blocks(
         if tr.kind == "weight":
             x = sources[tr.source].transpose(0, 1)  # (B, M, F)
             out[tr.name] = _plus_matmul(weighted.get(tr.via, weighted["gates"]), x, sens0[tr.name], decay)
+    return {tr.name: out[tr.name] for tr in tracked}
+
+
+def _propagate_recomputed(
+    tracked: list[Tracked], blocks: RecomputedBlocks, feats: Tensor, sens0: dict[str, Tensor], in_place: bool
+) -> dict[str, Tensor]:
+    """:func:`_propagate_blocks` from derivatives recomputed a chunk of steps at a time (last chunk first), so that no
+    (M, ...) tensor of them is ever whole: the products P(tau,M) come from a running (B, K, K, N) product, and the only
+    segment-sized tensor is the weighted dc/dgates (M, B, K, G, N) that the one matmul per dense weight reads. Same
+    result as :func:`_propagate_blocks`; the gates and c_prev are let go of before the matmul."""
+    m = blocks.steps
+    b, k, n = blocks.c0.shape
+    g = blocks.gates.shape[2]
+    dtype = next(iter(sens0.values())).dtype
+    running = torch.zeros(b, k, k, n, dtype=dtype, device=feats.device)  # P(t1 - 1, M): I at the last step
+    running.diagonal(dim1=1, dim2=2).fill_(1)
+    weighted = torch.empty(m, b, k, g, n, dtype=dtype, device=feats.device)
+    unit_parts: dict[str, Tensor] = {}
+    for t0, t1, d in blocks.chunks(reverse=True):
+        p_rest = torch.empty_like(d.jh)
+        for t in range(t1 - t0 - 1, -1, -1):
+            p_rest[t] = running
+            running = block_mul(running, d.jh[t])
+        for tr in tracked:
+            if tr.kind == "unit":
+                part = _weighted_blocks(p_rest, d.d_params[tr.name]).sum(-1, keepdim=True)  # (B, K, P, N, 1)
+                unit_parts[tr.name] = part if tr.name not in unit_parts else unit_parts[tr.name].add_(part)
+        _weighted_blocks(p_rest, d.d_gates, out=weighted[t0:t1])
+        del d, p_rest
+    if in_place:  # S_0 is overwritten, so no backward can run through this segment any more
+        blocks.discard()
+    p_all = running  # P(0, M) = J[M-1] ... J[0]
+    decay = _Decay(
+        lambda new, s0: _decay_into(new, s0, p_all), (lambda s0: _decay_in_place_(s0, p_all)) if in_place else None
+    )
+    out = {name: _plus_decayed(part, sens0[name], decay) for name, part in unit_parts.items()}
+    view = weighted.permute(1, 2, 3, 4, 0)  # (B, K, G, N, M)
+    for tr in tracked:
+        if tr.kind == "bias":
+            out[tr.name] = _plus_decayed(view.sum(-1).unsqueeze(-1), sens0[tr.name], decay)
+    flat = view.reshape(b, k * g * n, m)  # still a view
+    for tr in tracked:
+        if tr.kind == "weight":
+            out[tr.name] = _plus_matmul(flat, feats.transpose(0, 1), sens0[tr.name], decay)
     return {tr.name: out[tr.name] for tr in tracked}

@@ -191,6 +191,18 @@ def test_units_of_two_components_and_fully_recurrent_cells_are_donated_without_a
     assert {k: v.data_ptr() for k, v in carry.raw_sensitivities()[0].items()} == storage
 
 
+@pytest.mark.parametrize("seg_len", [1, 5])
+def test_units_of_three_components_are_decayed_in_place_exactly(seg_len, problem):
+    """The in-place decay of S_0 by the K x K blocks (a copy of K - 1 components, the last updated where it lies)
+    with dense 3 x 3 blocks: the donated run equals the functional one."""
+    from tests.gradients.rotation import RotationCell
+
+    inputs, reset, weights, d, n = problem
+    kept = run(RTRL(), make(RotationCell, d, n), inputs, reset, weights, seg_len, donate=False)
+    donated = run(RTRL(), make(RotationCell, d, n), inputs, reset, weights, seg_len, donate=True)
+    assert_same_run(kept, donated)
+
+
 def test_a_stack_donates_every_layer(problem):
     inputs, reset, _, d, n = problem
     torch.manual_seed(0)
