@@ -28,6 +28,8 @@ class Carry:
     **Lazily scaled sensitivities.** A carry made by a fully online step that was given the old carry
     (``unroll(..., donate=True)`` at M = 1, which ``OnlineRecurrentModule`` does for its training streams) holds
     its sensitivities as S~ together with a per-stream, per-unit ``scale`` a (B, N): dc/dtheta = a[b, n] * S~[b, ..., n, :].
+    With K > 1 components per unit the scale is a K x K matrix per stream and unit, A (B, K, K, N):
+    dc[k]/dtheta = sum_j A[b, k, j, n] * S~[b, j, ..., n, :].
     The decay of the sensitivities then costs a multiply of a, not a pass over S (docs/performance.md). ``sensitivities``
     always reads dc/dtheta: for a scaled carry it is computed (a new dict of new tensors at each access; write
     through :meth:`fold_` first to change the carried values in place). ``state_dict`` keeps S~ and a, so that
@@ -76,7 +78,8 @@ class Carry:
 
     @property
     def scale(self) -> Tensor | None:
-        """The per-stream, per-unit factor (B, N) of lazily scaled sensitivities, or None (they are dc/dtheta)."""
+        """The per-stream, per-unit factor (B, N) of lazily scaled sensitivities ((B, K, K, N) for K > 1 components), or
+        None (they are dc/dtheta)."""
         return self._scale
 
     def sensitivity_names(self) -> tuple[str, ...]:
@@ -97,7 +100,10 @@ class Carry:
         if self._scale is not None:
             scale = self._scale
             for v in self._sensitivities.values():
-                v.mul_(scale[:, None, :, None].to(v.dtype))
+                if scale.dim() == 4:  # K x K per unit
+                    blocks_in_place_(v, scale.to(v.dtype))
+                else:
+                    v.mul_(scale[:, None, :, None].to(v.dtype))
             self._scale = None
         return self
 
@@ -146,7 +152,8 @@ class Carry:
 
     def state_dict(self) -> dict[str, Any]:
         """Plain tensors only, so checkpoints load with ``torch.load(weights_only=True)``. A lazily scaled carry adds
-        ``"scale"`` and stores S~ under ``"sensitivities"`` (dc/dtheta = scale[:, None, :, None] * S~)."""
+        ``"scale"`` and stores S~ under ``"sensitivities"`` (dc/dtheta = scale[:, None, :, None] * S~, or the K x K
+        blocks of a (B, K, K, N) scale applied per unit)."""
         sens, scale = self.raw_sensitivities()
         state = {"c": self.c, "window": self.window, "sensitivities": dict(sens)}
         if scale is not None:
@@ -204,8 +211,33 @@ def _stream_index(streams: Tensor, batch_size: int, device: torch.device) -> Ten
 
 
 def _unscaled(s: Tensor, scale: Tensor) -> Tensor:
-    """dc/dtheta from lazily scaled S~ (B, P, N, F) and the scale (B, N)."""
+    """dc/dtheta from lazily scaled S~ (B, P, N, F) and the scale (B, N), or S~ (B, K, P, N, F) and blocks (B, K, K, N)."""
+    if scale.dim() == 4:
+        return blocks_in_place_(s.clone(), scale.to(s.dtype))
     return s * scale[:, None, :, None].to(s.dtype)
+
+
+def blocks_in_place_(s: Tensor, blocks: Tensor) -> Tensor:
+    """s <- A s per stream and unit, in place: s (B, K, X, N, F), blocks A (B, K, K, N); returns s. A group of an eighth
+    of the streams at a time, so that the only temporary is a copy of K - 1 components of that group (the components
+    of a unit mix: the last one is updated where it lies, after the others have read it)."""
+    b, k = blocks.shape[:2]
+    group = max(1, b // 8)
+    p = blocks[:, :, :, None, :, None]  # (B, K, K, 1, N, 1)
+    buffer = torch.empty_like(s[:group, : k - 1])  # one buffer for every group: no fresh pages to fault in per group
+    for b0 in range(0, b, group):
+        rows = slice(b0, b0 + group)
+        old = buffer[: s[rows].shape[0]]
+        old.copy_(s[rows, : k - 1])  # components 0 .. K-2; component K-1 is still in s until the last write
+        last = s[rows, k - 1]
+        for i in range(k - 1):
+            torch.mul(last, p[rows, i, k - 1], out=s[rows, i])
+            for j in range(k - 1):
+                s[rows, i].addcmul_(old[:, j], p[rows, i, j])
+        last.mul_(p[rows, k - 1, k - 1])
+        for j in range(k - 1):
+            last.addcmul_(old[:, j], p[rows, k - 1, j])
+    return s
 
 
 @dataclass

@@ -26,7 +26,7 @@ from torch import Tensor
 from onlinerec.cells.base import ElementwiseCell
 from onlinerec.cells.stack import Stack
 from onlinerec.gradients.base import GradientMethod, project, window_features
-from onlinerec.gradients.carry import Carry
+from onlinerec.gradients.carry import Carry, blocks_in_place_
 from onlinerec.gradients.derivatives import substituted
 from onlinerec.gradients.scan import SECOND_BACKWARD, Linearization, RecomputedBlocks
 
@@ -43,7 +43,8 @@ class Tracked:
 
 class _InjectSensitivity(torch.autograd.Function):
     """Identity on c_0 whose backward adds sum_b grad[b, n] * S[b, p, n, f] (K > 1: sum_{b,k} grad[b, k, n] *
-    S[b, k, p, n, f]) to each parameter's gradient; with a lazy ``scale`` a (B, N) (see :class:`Carry`), S = a * S~."""
+    S[b, k, p, n, f]) to each parameter's gradient; with a lazy ``scale`` a (B, N) (see :class:`Carry`), S = a * S~, or
+    with K x K blocks A (B, K, K, N), S_k = sum_j A_kj S~_j."""
 
     @staticmethod
     def forward(ctx, c0: Tensor, n: int, scale: Tensor | None, after, *tensors: Tensor) -> Tensor:
@@ -58,7 +59,12 @@ class _InjectSensitivity(torch.autograd.Function):
         saved = ctx.saved_tensors  # raises if the sensitivities were updated in place since (the next step ran first)
         sens, scale = saved[: ctx.n], (saved[ctx.n] if len(saved) > ctx.n else None)
         needs = ctx.needs_input_grad[4 + ctx.n :]
-        lam = grad if scale is None else grad * scale
+        if scale is None:
+            lam = grad
+        elif scale.dim() == 4:  # K x K blocks A: sum_k grad_k (A S~)_k = sum_j (A^T grad)_j S~_j
+            lam = (scale * grad.unsqueeze(2)).sum(1)
+        else:
+            lam = grad * scale
         grads = [_contract(lam, s).reshape(shape) if need else None for s, shape, need in zip(sens, ctx.shapes, needs)]
         del saved, sens
         if ctx.after is not None:  # S_0 has been read: a deferred carry may now overwrite it
@@ -309,7 +315,8 @@ class SensitivityMethod(GradientMethod):
         e_1 = dL/dc_1 and S_1 the new carry, which already holds both the carried and the immediate part. So the
         step runs with the tracked parameters detached (the inputs still get their backprop gradient) and a
         read-out of S_1 adds the parameter gradients; the graph then does not keep the old sensitivities alive.
-        With ``donate`` the old sensitivities become the new ones in place, lazily scaled (:meth:`_carry_in_place`)."""
+        With ``donate`` the old sensitivities become the new ones in place, lazily scaled (:meth:`_carry_in_place`; by a
+        K x K block per unit for K > 1 components)."""
         keep = (~reset).to(inputs.dtype)
         feats, window = window_features(cell, inputs, keep, carry.window)
         frozen = {tr.name: params[tr.name].detach() for tr in tracked}
@@ -322,7 +329,9 @@ class SensitivityMethod(GradientMethod):
             sens, old_scale = carry.raw_sensitivities()
             if donate and self._in_place_ok(sens, lin):
                 new_sens, scale = self._carry_in_place(tracked, lin, feats, sens, old_scale)
-            elif donate and old_scale is None and self._in_place_ok(sens):  # K > 1: S_1 = J_1 S_0 + I_1 where S_0 lies
+            elif (
+                donate and old_scale is None and self._in_place_ok(sens)
+            ):  # fully recurrent: S_1 = J_1 S_0 + I_1 in place
                 new_sens = self._carry(tracked, lin, feats, sens, in_place=True)
             else:
                 new_sens = self._carry(tracked, lin, feats, _true_sensitivities(carry, donate))
@@ -332,11 +341,11 @@ class SensitivityMethod(GradientMethod):
     def _in_place_ok(self, sens: dict[str, Tensor], lin: Linearization | None = None) -> bool:
         """Whether a donated carry can be updated in place: the batched :meth:`propagate` (a subclass with its own,
         e.g. the stepwise reference, keeps it), plain contiguous tensors of one dtype that autograd does not track,
-        and, for the fully online step (given its ``lin``), one component per unit (K > 1 takes the out-of-place
-        path there)."""
+        and, for the fully online step (given its ``lin``), no dense weight on the state (units of K > 1 components
+        are then scaled by K x K blocks; a fully recurrent cell takes the in-place propagate)."""
         if type(self).propagate is not SensitivityMethod.propagate:
             return False
-        if lin is not None and lin.jh.dim() != 3:
+        if lin is not None and lin.jh.dim() == 5 and (lin.c_prev is not None or lin.d_mixed is not None):
             return False
         if len({s.dtype for s in sens.values()}) != 1:
             return False
@@ -359,8 +368,11 @@ class SensitivityMethod(GradientMethod):
         The decay is then a = jh * a, a multiply of (B, N) numbers, and the update one in-place multiply-add over S~,
         S~ += (I_1 / a): one read and one write of the sensitivities instead of two of each (decay, then outer product).
         Rows whose factor leaves [max^(-1/2), max^(1/2)] of the dtype (:func:`_scale_bounds`; a reset makes it 0) are
-        folded into S~ first (an index pass over those rows only). Returns S~ and a."""
+        folded into S~ first (an index pass over those rows only). Returns S~ and a. Units of K > 1 components keep a
+        K x K block per unit instead of a (:func:`_carry_blocks_in_place`)."""
         dtype = next(iter(sens.values())).dtype
+        if lin.jh.dim() == 5:
+            return _carry_blocks_in_place(tracked, lin, feats, sens, scale, dtype)
         with torch.autocast(lin.jh.device.type, enabled=False):
             lin.cast_(dtype)
             jh, d_gates, d_params, c_prev, d_mixed = lin.release()
@@ -514,29 +526,6 @@ def _weighted_blocks(p_rest: Tensor, d: Tensor, out: Tensor | None = None) -> Te
     return out.permute(1, 2, 3, 4, 0)
 
 
-def _decay_in_place_(s0: Tensor, p_all: Tensor) -> Tensor:
-    """s0 <- P(0,M) S_0 per unit, in place: s0 (B, K, X, N, F), p_all (B, K, K, N). A group of streams at a time, so that
-    the only temporary is a copy of K - 1 components of an eighth of S_0 (the K components mix: the last one is updated
-    where it lies, after the others have read it)."""
-    b, k = p_all.shape[:2]
-    group = max(1, b // 8)
-    p = p_all[:, :, :, None, :, None]  # (B, K, K, 1, N, 1)
-    buffer = torch.empty_like(s0[:group, : k - 1])  # one buffer for every group: no fresh pages to fault in per group
-    for b0 in range(0, b, group):
-        rows = slice(b0, b0 + group)
-        old = buffer[: s0[rows].shape[0]]
-        old.copy_(s0[rows, : k - 1])  # components 0 .. K-2; component K-1 is still in s0 until the last write
-        last = s0[rows, k - 1]
-        for i in range(k - 1):
-            torch.mul(last, p[rows, i, k - 1], out=s0[rows, i])
-            for j in range(k - 1):
-                s0[rows, i].addcmul_(old[:, j], p[rows, i, j])
-        last.mul_(p[rows, k - 1, k - 1])
-        for j in range(k - 1):
-            last.addcmul_(old[:, j], p[rows, k - 1, j])
-    return s0
-
-
 def _propagate_blocks(
     tracked: list[Tracked],
     jh: Tensor,
@@ -554,7 +543,7 @@ def _propagate_blocks(
     p_rest, p_all = _block_products(jh)
     del jh
     decay = _Decay(
-        lambda new, s0: _decay_into(new, s0, p_all), (lambda s0: _decay_in_place_(s0, p_all)) if in_place else None
+        lambda new, s0: _decay_into(new, s0, p_all), (lambda s0: blocks_in_place_(s0, p_all)) if in_place else None
     )
     out = {}
     for tr in tracked:
@@ -608,7 +597,7 @@ def _propagate_recomputed(
         blocks.discard()
     p_all = running  # P(0, M) = J[M-1] ... J[0]
     decay = _Decay(
-        lambda new, s0: _decay_into(new, s0, p_all), (lambda s0: _decay_in_place_(s0, p_all)) if in_place else None
+        lambda new, s0: _decay_into(new, s0, p_all), (lambda s0: blocks_in_place_(s0, p_all)) if in_place else None
     )
     out = {name: _plus_decayed(part, sens0[name], decay) for name, part in unit_parts.items()}
     view = weighted.permute(1, 2, 3, 4, 0)  # (B, K, G, N, M)
@@ -620,3 +609,79 @@ def _propagate_recomputed(
         if tr.kind == "weight":
             out[tr.name] = _plus_matmul(flat, feats.transpose(0, 1), sens0[tr.name], decay)
     return {tr.name: out[tr.name] for tr in tracked}
+
+
+_BLOCK_CONDITION_MAX = 16.0
+"""A unit's lazy K x K scale A is folded into S~ once ||A|| ||A^-1|| (Frobenius) exceeds this (K for a scaled
+rotation such as the LRU's, which never folds for conditioning): S~ += A^-1 I loses about that factor of precision."""
+
+
+def _block_inverse(a: Tensor) -> Tensor:
+    """Per-unit inverses of blocks a (B, K, K, N); inf or nan where a block is singular (no error)."""
+    if a.shape[1] == 2:
+        p, q, r, s = a[:, 0, 0], a[:, 0, 1], a[:, 1, 0], a[:, 1, 1]
+        det = p * s - q * r
+        return torch.stack([torch.stack([s, -q], 1), torch.stack([-r, p], 1)], 1) / det[:, None, None]
+    inv, info = torch.linalg.inv_ex(a.permute(0, 3, 1, 2))
+    return inv.masked_fill((info != 0)[..., None, None], float("nan")).permute(0, 2, 3, 1)
+
+
+def _fold_blocks_out_of_range_(sens: dict[str, Tensor], a: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`_fold_out_of_range_` for K x K scales a (B, K, K, N): the units whose block has left the dtype's range
+    (:func:`_scale_bounds`, by its Frobenius norm), is singular (a reset zeroes it) or is ill-conditioned
+    (:data:`_BLOCK_CONDITION_MAX`) are folded into S~ (S~ <- a S~ on those rows) and get the identity. Returns the new
+    scale and its inverse."""
+    inv = _block_inverse(a)
+    low, high = _scale_bounds(a.dtype)
+    norm, inv_norm = a.square().sum((1, 2)).sqrt(), inv.square().sum((1, 2)).sqrt()  # (B, N)
+    fine = (norm >= low) & (norm <= high) & (norm * inv_norm <= _BLOCK_CONDITION_MAX)  # false for nan and inf
+    if bool(fine.all()):
+        return a, inv
+    # as for one component: fold past the middle of the range, so that folds come in fewer, larger batches
+    off = ~((norm >= low**0.5) & (norm <= high**0.5) & (norm * inv_norm <= _BLOCK_CONDITION_MAX))
+    dead = (a == 0).flatten(1).all(1)  # streams cut by a reset: their sensitivities restart from zero
+    for b in dead.nonzero().squeeze(1).tolist():
+        for s in sens.values():
+            s[b].zero_()
+    rest = off & ~dead[:, None]
+    if bool(rest.any()):
+        b_idx, n_idx = rest.nonzero(as_tuple=True)
+        blocks = a[b_idx, :, :, n_idx]  # (R, K, K)
+        for s in sens.values():
+            rows = s[b_idx, :, :, n_idx]  # (R, K, P, F): the units' components, gathered
+            s[b_idx, :, :, n_idx] = torch.einsum("rkj,rjpf->rkpf", blocks, rows)
+    eye = torch.eye(a.shape[1], dtype=a.dtype, device=a.device)[None, :, :, None]
+    mask = off[:, None, None, :]
+    return torch.where(mask, eye, a), torch.where(mask, eye, inv)
+
+
+def _carry_blocks_in_place(
+    tracked: list[Tracked],
+    lin: Linearization,
+    feats: Tensor,
+    sens: dict[str, Tensor],
+    scale: Tensor | None,
+    dtype: torch.dtype,
+) -> tuple[dict[str, Tensor], Tensor]:
+    """The fully online step for units of K > 1 components, lazily scaled by a K x K block per unit: S = A S~ (see
+    :class:`Carry`). S_1 = J_1 S_0 + I_1 = A_1 (S~_0 + A_1^-1 I_1) with A_1 = J_1 A_0, so the decay is a product of
+    (B, K, K, N) blocks and the update one in-place multiply-add over S~ of (A_1^-1 dc/dgates) x u_1: one read and one
+    write of the sensitivities, and no copy of them (the out-of-place decay needs an eighth of them as a buffer)."""
+    with torch.autocast(feats.device.type, enabled=False):
+        lin.cast_(dtype)
+        jh, d_gates, d_params, _, _ = lin.release()
+        a = jh[0] if scale is None else block_mul(jh[0], scale.to(dtype))  # (B, K, K, N)
+        a, inv = _fold_blocks_out_of_range_(sens, a)
+        x = feats.detach().to(dtype)[0]  # (B, F)
+        weighted = block_mul(inv, d_gates[0])  # (B, K, G, N): A^-1 dc/dgates
+        for tr in tracked:
+            s = sens[tr.name]
+            if tr.kind == "unit":
+                s.add_(block_mul(inv, d_params[tr.name][0]).unsqueeze(-1))
+            elif tr.kind == "bias":
+                s.add_(weighted.unsqueeze(-1))
+            else:  # the outer product, added in place: the one pass over the big tensor
+                s.view(*weighted.shape[:2], -1, s.shape[-1]).addcmul_(
+                    weighted.flatten(2).unsqueeze(-1), x[:, None, None, :]
+                )
+    return {tr.name: sens[tr.name] for tr in tracked}, a

@@ -152,11 +152,14 @@ def test_folding_the_lazy_scale_is_exact(problem, monkeypatch):
     assert_same_run(kept, run(RTRL(), cell, inputs, reset, weights, 1, donate=True))
 
 
+@pytest.mark.parametrize("cls", [ELSTMCell, LRUCell])  # scaled by a factor; by K x K blocks
 @pytest.mark.parametrize("seg_lens", [(1, 1, 4, 1, 3, 1), (1, 2, 1, 1)])
-def test_mixed_segment_lengths_after_donated_steps(seg_lens, problem):
+def test_mixed_segment_lengths_after_donated_steps(seg_lens, cls, problem):
     """M > 1 segments from a lazily scaled carry (donated: folded in place; kept: computed) stay exact."""
     inputs, reset, weights, d, n = problem
-    cell = make(ELSTMCell, d, n)
+    cell = make(cls, d, n)
+    if cell.num_components > 1:
+        weights = weights.unsqueeze(-2)
 
     def run_mixed(donate):
         method, x = RTRL(), inputs.detach().requires_grad_(True)
@@ -173,22 +176,44 @@ def test_mixed_segment_lengths_after_donated_steps(seg_lens, problem):
     assert_same_run(run_mixed(False), run_mixed(True))
 
 
-def test_units_of_two_components_and_fully_recurrent_cells_are_donated_without_a_lazy_scale(problem):
-    """K > 1 (LRU) and SnAP on fully recurrent cells update a donated carry in place without the lazy scale (the K x K
-    blocks mix components; SnAP's carry is not the gradient), with the same result."""
+def test_units_of_two_components_are_scaled_by_blocks_and_fully_recurrent_cells_in_place(problem):
+    """K > 1 (LRU): the donated online step keeps S = A S~ with a K x K block per unit (no pass over S for the decay);
+    SnAP on fully recurrent cells (its carry is not the gradient: no lazy scale) updates the carry in place. Same
+    results as the functional step, and the donated tensors are the old ones."""
     inputs, reset, weights, d, n = problem
     for cls, method in ((LRUCell, RTRL()), (LRUCell, SnAP()), (FELSTMCell, SnAP()), (GRUCell, SnAP())):
         cell = make(cls, d, n)
         kept = run(method, cell, inputs, reset, weights, 1, donate=False)
         donated = run(method, cell, inputs, reset, weights, 1, donate=True)
         assert_same_run(kept, donated)
-        assert donated[2].scale is None, cls.__name__
+        if cls is LRUCell:  # element-wise: SnAP-1 is exact there too, so its carry is scaled alike
+            assert donated[2].scale.shape == (inputs.shape[1], 2, 2, n), cls.__name__
+        else:
+            assert donated[2].scale is None, cls.__name__
     cell, method = make(LRUCell, d, n), RTRL()
     carry = method.init_carry(cell, inputs.shape[1])
     storage = {k: v.data_ptr() for k, v in carry.raw_sensitivities()[0].items()}
-    states, carry = method.unroll(cell, inputs[:1], reset[:1], carry, donate=True)
-    states.sum().backward()
+    for t in range(3):
+        states, carry = method.unroll(cell, inputs[t : t + 1], reset[t : t + 1], carry, donate=True)
+        states.sum().backward()
     assert {k: v.data_ptr() for k, v in carry.raw_sensitivities()[0].items()} == storage
+
+
+@pytest.mark.parametrize("bound", ["condition", "range"])
+def test_block_scales_folded_at_every_step_stay_exact(bound, problem, monkeypatch):
+    """Folding the K x K scale into S~ (as an ill-conditioned or out-of-range block is) gives the same run."""
+    from tests.gradients.rotation import RotationCell
+
+    inputs, reset, weights, d, n = problem
+    kept = run(RTRL(), make(RotationCell, d, n), inputs, reset, weights, 1, donate=False)
+    if bound == "condition":
+        monkeypatch.setattr(sensitivity, "_BLOCK_CONDITION_MAX", 0.0)  # every block is "ill-conditioned"
+    else:
+        monkeypatch.setattr(sensitivity, "_scale_bounds", lambda dtype: (1e300, 1e-300))  # every norm is out of range
+    donated = run(RTRL(), make(RotationCell, d, n), inputs, reset, weights, 1, donate=True)
+    assert_same_run(kept, donated)
+    eye = torch.eye(3, dtype=torch.float64)[None, :, :, None].expand_as(donated[2].scale)
+    assert torch.equal(donated[2].scale, eye)  # folded: the identity
 
 
 @pytest.mark.parametrize("seg_len", [1, 5])
@@ -211,12 +236,15 @@ def test_a_stack_donates_every_layer(problem):
     kept = run(RTRL(), stack, inputs, reset, weights, 1, donate=False)
     donated = run(RTRL(), stack, inputs, reset, weights, 1, donate=True)
     assert_same_run(kept, donated)
-    assert [layer.scale is not None for layer in donated[2].layers] == [True, True, False]
+    assert [layer.scale is not None for layer in donated[2].layers] == [True, True, True]  # the LRU's: K x K blocks
 
 
-def test_a_scaled_carry_round_trips_and_resumes_bit_for_bit(problem):
+@pytest.mark.parametrize("cls", [ELSTMCell, LRUCell])  # a (B, N) scale; K x K blocks (B, K, K, N)
+def test_a_scaled_carry_round_trips_and_resumes_bit_for_bit(cls, problem):
     inputs, reset, weights, d, n = problem
-    cell, method = make(ELSTMCell, d, n), RTRL()
+    cell, method = make(cls, d, n), RTRL()
+    if cell.num_components > 1:
+        weights = weights.unsqueeze(-2)
     carry = method.init_carry(cell, inputs.shape[1])
     for t in range(6):
         states, carry = method.unroll(cell, inputs[t : t + 1], reset[t : t + 1], carry, donate=True)
