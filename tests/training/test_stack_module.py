@@ -107,6 +107,36 @@ def test_resume_is_exact_with_a_stack_and_with_k2_units(tmp_path, cell):
     _assert_same_carry(straight.carry(), resumed.carry())
 
 
+def test_fully_online_resume_is_exact_with_k2_units_scaled_by_blocks(tmp_path):
+    """M = 1: the module donates its carries, so the LRU's sensitivities are kept as S = A S~ with a K x K block per
+    unit; a checkpoint keeps S~ and A, and resuming continues bit for bit."""
+
+    def online(epoch: int, count: int = 12):
+        gen = torch.Generator().manual_seed(epoch)
+        for _ in range(count):
+            x = torch.randn(1, 3, 2, generator=gen)
+            yield Segment(x, torch.rand(1, 3, generator=gen) < 0.15, x[..., :1])
+
+    def run(max_steps, ckpt=None, dirpath=None):
+        torch.manual_seed(0)
+        model = Regressor(LRUCell(2, 6))
+        callbacks = [ModelCheckpoint(dirpath=dirpath, every_n_train_steps=1, save_top_k=-1)] if dirpath else []
+        t = quiet_trainer(
+            RTRLStrategy(M=1), max_steps=max_steps, callbacks=callbacks, enable_checkpointing=bool(dirpath)
+        )
+        t.fit(model, SegmentStream(online), ckpt_path=ckpt)
+        return model
+
+    straight = run(10)
+    assert straight.carry().scale is not None and straight.carry().scale.shape == (3, 2, 2, 6)
+    run(4, dirpath=tmp_path)
+    resumed = run(10, ckpt=next(tmp_path.glob("*step=4.ckpt")))
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    _assert_same_carry(straight.carry(), resumed.carry())
+    torch.testing.assert_close(straight.carry().scale, resumed.carry().scale, rtol=0, atol=0)
+
+
 def test_resuming_a_stack_with_another_strategy_restarts_only_the_sensitivities(tmp_path):
     torch.manual_seed(0)
     model = Regressor(lru_stack())
