@@ -15,6 +15,9 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   options): ``LRUCell`` with its paper's defaults, the best-performing built-in cell in a one-seed preview.
 - **The LRU initialised for long memory** (``lru_slow_passes``): |lambda| in [0.95, 1) and phases up to pi/10 instead
   of the whole unit disc, with the same options; chosen after a one-seed probe on CountRecallEasy (tuned there only).
+- **Both rings** (``lru_mixed_passes``): half the LRU's units on its default ring, half on the long-memory one
+  (``slow_fraction: 0.5``), same options; chosen after one seed-0 probe on each of CountRecallEasy and
+  RepeatPreviousEasy.
 - **The ablation** (``--methods rtrl_rnorm rtrl_anorm rtrl_adam rtrl_ppo``, not run by default): each of those
   changes alone on top of the paper's R2AC-RTRL (return normalisation; advantage normalisation; mean losses with
   Adam; 4 clipped-ratio passes).
@@ -156,6 +159,9 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
     # CountRecallEasy (-0.83 against -0.92 with the default ring; a step counter needs units that neither fade nor
     # rotate), so it is tuned on that env and untuned on the others
     "lru_slow_passes": {"method": "rtrl", "cell": "lru", "cell_kwargs": _SLOW_LRU, "r2ac": _PASSES},
+    # half the units on the default ring (fast), half on the long-memory ring above: picked after one seed-0 probe on
+    # each of CountRecallEasy (-0.64) and RepeatPreviousEasy (+0.99), where each single ring lost one of them
+    "lru_mixed_passes": {"method": "rtrl", "cell": "lru", "cell_kwargs": {"slow_fraction": 0.5}, "r2ac": _PASSES},
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},

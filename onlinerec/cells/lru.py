@@ -30,6 +30,10 @@ class LRUCell(ElementwiseCell):
     - Ring initialisation: |lambda| uniform on the ring r_min <= |lambda| <= r_max (uniform in area) and the phase
       uniform in [0, max_phase]. The defaults are those of the paper's listing (0, 1, 6.28); the paper's long-range
       experiments use r_min >= 0.9 and r_max close to 1, which gives long memory from the start.
+    - ``slow_fraction`` > 0 draws the last ``round(slow_fraction * N)`` units from a second ring instead,
+      ``slow_r_min <= |lambda| <= r_max`` with phases in [0, ``slow_max_phase``] (defaults 0.95 and pi/10): slow units
+      that neither fade nor rotate, which count or integrate over long spans, next to the fast units of the first ring
+      (docs/r2ac.md#tuning-r2ac measures both kinds of memory task). 0 (the default) is the paper's single ring.
     - The readout is feed-forward (dense C: ``output_re``, ``output_im`` of shape (D, N), N(0, 1/N); ``skip`` = D of
       shape (D,), N(0, 1)) and maps back to the input width: ``output_size == input_size``, so layers stack with a
       residual connection.
@@ -49,6 +53,9 @@ class LRUCell(ElementwiseCell):
         r_max: float = 1.0,
         max_phase: float = 6.28,
         train_gamma: bool = True,
+        slow_fraction: float = 0.0,
+        slow_r_min: float = 0.95,
+        slow_max_phase: float = 0.314,
     ) -> None:
         super().__init__(input_size, hidden_size)
         if not 0.0 <= r_min < r_max <= 1.0 or not max_phase > 0:
@@ -56,12 +63,24 @@ class LRUCell(ElementwiseCell):
                 f"LRUCell needs 0 <= r_min < r_max <= 1 and max_phase > 0, got r_min={r_min}, r_max={r_max}, "
                 f"max_phase={max_phase}."
             )
+        if not 0.0 <= slow_fraction <= 1.0 or (
+            slow_fraction > 0 and not (0.0 <= slow_r_min < r_max and slow_max_phase > 0)
+        ):
+            raise ValueError(
+                f"LRUCell needs 0 <= slow_fraction <= 1 and, for slow units, 0 <= slow_r_min < r_max and "
+                f"slow_max_phase > 0; got slow_fraction={slow_fraction}, slow_r_min={slow_r_min}, r_max={r_max}, "
+                f"slow_max_phase={slow_max_phase}."
+            )
         n, d = hidden_size, input_size
         self.input_proj = nn.Linear(d, 2 * n, bias=False)  # [B_re; B_im]
         u1, u2 = torch.rand(n), torch.rand(n)
-        nu_log = torch.log(-0.5 * torch.log(u1 * (r_max**2 - r_min**2) + r_min**2))
+        fast = n - round(slow_fraction * n)
+        nu_log, theta_log = torch.empty(n), torch.empty(n)
+        for units, lo, phase in ((slice(0, fast), r_min, max_phase), (slice(fast, n), slow_r_min, slow_max_phase)):
+            nu_log[units] = torch.log(-0.5 * torch.log(u1[units] * (r_max**2 - lo**2) + lo**2))
+            theta_log[units] = torch.log(phase * u2[units])
         self.nu_log = nn.Parameter(nu_log)
-        self.theta_log = nn.Parameter(torch.log(max_phase * u2))
+        self.theta_log = nn.Parameter(theta_log)
         self.train_gamma = train_gamma
         gamma_log = 0.5 * torch.log1p(-torch.exp(-2 * torch.exp(nu_log)))  # log sqrt(1 - |lambda|^2)
         self.register_parameter("gamma_log", nn.Parameter(gamma_log) if train_gamma else None)

@@ -231,6 +231,31 @@ def test_lru_ring_initialisation_and_normalisation():
         LRUCell(4, 8, r_min=0.9, r_max=0.5)
 
 
+def test_lru_slow_units_come_from_a_second_ring():
+    from onlinerec.cells import LRUCell
+
+    torch.manual_seed(0)
+    cell = LRUCell(4, 2000, slow_fraction=0.25)
+    modulus = torch.exp(-torch.exp(cell.nu_log.detach()))
+    phase = torch.exp(cell.theta_log.detach())
+    fast, slow = slice(0, 1500), slice(1500, 2000)  # the last round(0.25 * N) units are slow
+    assert modulus[slow].min() >= 0.95 - 1e-6 and phase[slow].max() <= 0.314
+    assert modulus[fast].min() < 0.2 and phase[fast].max() > 6.0  # the default ring, as before
+    torch.testing.assert_close(torch.exp(cell.gamma_log.detach()), (1 - modulus**2).sqrt(), rtol=1e-4, atol=1e-5)
+    torch.manual_seed(0)
+    plain = LRUCell(4, 16)
+    torch.manual_seed(0)
+    same = LRUCell(4, 16, slow_fraction=0.0)  # no slow units: the paper's single ring, value for value
+    assert torch.equal(plain.nu_log, same.nu_log) and torch.equal(plain.theta_log, same.theta_log)
+    for bad in (
+        {"slow_fraction": 1.5},
+        {"slow_fraction": 0.5, "slow_r_min": 1.0},
+        {"slow_fraction": 0.5, "slow_max_phase": 0},
+    ):
+        with pytest.raises(ValueError, match="slow_fraction"):
+            LRUCell(4, 8, **bad)
+
+
 def test_min_gru_and_min_lstm_follow_the_paper():
     from onlinerec.cells import MinGRUCell, MinLSTMCell
 
