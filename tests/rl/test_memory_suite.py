@@ -90,11 +90,11 @@ def test_rl_zoo_normalize_wraps_training_and_evaluation_sees_the_same_scaling(tm
     assert all(v > 5 for v in record["curve"] if np.isfinite(v))  # the env's own returns, not normalised rewards
 
 
-def test_the_shipped_popgym_config_is_the_suites_lru_passes_arm(tmp_path):
+def test_the_shipped_popgym_config_is_the_suites_lru_mixed_passes_arm(tmp_path):
     import yaml
 
     shipped = yaml.safe_load((suite.REPO / "examples" / "configs" / "popgym.yaml").read_text())
-    arm = suite.r2ac_config("RepeatPreviousEasy", "lru_passes", 0, tmp_path, 100_000)
+    arm = suite.r2ac_config("RepeatPreviousEasy", "lru_mixed_passes", 0, tmp_path, 100_000)
     for key in ("env", "num_envs", "M", "cell", "hidden_size", "stem", "fc_size", "total_frames", "eval_episodes"):
         assert shipped[key] == arm[key], key
     assert shipped.get("cell_kwargs", {}) == arm["cell_kwargs"]
