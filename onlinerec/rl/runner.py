@@ -158,6 +158,14 @@ class ExperimentConfig:
                 f"head_sizes must be a list of positive layer widths (e.g. --head_sizes '[64, 64]'; [] for the "
                 f"paper's linear heads), got {self.head_sizes!r}."
             )
+        if isinstance(self.cell, str):  # a wrong cell argument is a usage error now, not a traceback after start-up
+            from onlinerec.cells import make_cell
+
+            kwargs = {**self.cell_kwargs, **({"layers": self.layers} if self.layers is not None else {})}
+            try:
+                make_cell(self.cell, self.fc_size + 1, self.hidden_size, **kwargs)  # as R2AC builds it
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"--cell {self.cell} --cell_kwargs {dict(self.cell_kwargs)}: {err}") from err
 
 
 def _strategy(cfg: ExperimentConfig):

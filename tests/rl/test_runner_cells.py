@@ -66,3 +66,15 @@ def test_head_sizes_reach_the_agent_and_mistakes_are_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse_experiment([*TINY, "--head_sizes", "[64, 0]"])
     assert "head_sizes must be a list of positive layer widths" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [("{slow_fraction: 2}", "0 <= slow_fraction <= 1"), ("{bogus: 1}", "unexpected keyword argument 'bogus'")],
+)
+def test_a_wrong_cell_argument_is_a_usage_error_that_names_it(kwargs, says, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_experiment([*TINY, "--cell", "lru", "--cell_kwargs", kwargs])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--cell lru --cell_kwargs" in err and says in err and "Traceback" not in err
