@@ -539,31 +539,47 @@ def _propagate_blocks(
     """:meth:`SensitivityMethod.propagate` for units of K > 1 components: S_M = P(0,M) S_0 + sum_tau P(tau,M) I_tau with
     P(tau,M) the product of the K x K blocks after tau, and still one batched matmul (B, K*G*N, M) x (B, M, F) per dense
     weight (docs/rtrl.md#multi-component-units)."""
-    m, b, k, g, n = d_gates.shape
     p_rest, p_all = _block_products(jh)
     del jh
-    decay = _Decay(
-        lambda new, s0: _decay_into(new, s0, p_all), (lambda s0: blocks_in_place_(s0, p_all)) if in_place else None
-    )
-    out = {}
-    for tr in tracked:
-        if tr.kind == "unit":
-            part = _weighted_blocks(p_rest, d_params.pop(tr.name)).sum(-1, keepdim=True)  # (B, K, P, N, 1)
-            out[tr.name] = _plus_decayed(part, sens0[tr.name], decay)
+    unit_parts = {
+        tr.name: _weighted_blocks(p_rest, d_params.pop(tr.name)).sum(-1, keepdim=True)
+        for tr in tracked
+        if tr.kind == "unit"
+    }
     weighted = {"gates": _weighted_blocks(p_rest, d_gates)}  # (B, K, G, N, M)
     del d_gates
     if d_mixed is not None:
         weighted["mixed"] = _weighted_blocks(p_rest, d_mixed)
     del p_rest, d_mixed
+    return _blocks_carry(tracked, unit_parts, weighted, sources, sens0, p_all, in_place)
+
+
+def _blocks_carry(
+    tracked: list[Tracked],
+    unit_parts: dict[str, Tensor],
+    weighted: dict[str, Tensor],
+    sources: dict[str, Tensor | None],
+    sens0: dict[str, Tensor],
+    p_all: Tensor,
+    in_place: bool,
+) -> dict[str, Tensor]:
+    """S_M = P(0,M) S_0 + sum_tau P(tau,M) I_tau for units of K > 1 components, from the weighted derivatives: per-unit
+    parameters' sums ``unit_parts`` (B, K, P, N, 1), ``weighted`` dc/dgates (and dc/d(mixed)) as (B, K, G, N, M) views,
+    and P(0,M) = ``p_all`` (B, K, K, N); one batched matmul (B, K*G*N, M) x (B, M, F) per dense weight."""
+    decay = _Decay(
+        lambda new, s0: _decay_into(new, s0, p_all), (lambda s0: blocks_in_place_(s0, p_all)) if in_place else None
+    )
+    out = {name: _plus_decayed(part, sens0[name], decay) for name, part in unit_parts.items()}
     for tr in tracked:
         if tr.kind == "bias":
             part = weighted.get(tr.via, weighted["gates"]).sum(-1).unsqueeze(-1)
             out[tr.name] = _plus_decayed(part, sens0[tr.name], decay)
-    weighted = {key: w.reshape(b, k * g * n, m) for key, w in weighted.items()}  # still a view
+    b, k, g, n, m = weighted["gates"].shape
+    flat = {key: w.reshape(b, k * g * n, m) for key, w in weighted.items()}  # still views
     for tr in tracked:
         if tr.kind == "weight":
             x = sources[tr.source].transpose(0, 1)  # (B, M, F)
-            out[tr.name] = _plus_matmul(weighted.get(tr.via, weighted["gates"]), x, sens0[tr.name], decay)
+            out[tr.name] = _plus_matmul(flat.get(tr.via, flat["gates"]), x, sens0[tr.name], decay)
     return {tr.name: out[tr.name] for tr in tracked}
 
 
@@ -573,7 +589,7 @@ def _propagate_recomputed(
     """:func:`_propagate_blocks` from derivatives recomputed a chunk of steps at a time (last chunk first), so that no
     (M, ...) tensor of them is ever whole: the products P(tau,M) come from a running (B, K, K, N) product, and the only
     segment-sized tensor is the weighted dc/dgates (M, B, K, G, N) that the one matmul per dense weight reads. Same
-    result as :func:`_propagate_blocks`; the gates and c_prev are let go of before the matmul."""
+    result as :func:`_propagate_blocks`; in place, the gates and states are let go of before the matmul."""
     m = blocks.steps
     b, k, n = blocks.c0.shape
     g = blocks.gates.shape[2]
@@ -595,20 +611,8 @@ def _propagate_recomputed(
         del d, p_rest
     if in_place:  # S_0 is overwritten, so no backward can run through this segment any more
         blocks.discard()
-    p_all = running  # P(0, M) = J[M-1] ... J[0]
-    decay = _Decay(
-        lambda new, s0: _decay_into(new, s0, p_all), (lambda s0: blocks_in_place_(s0, p_all)) if in_place else None
-    )
-    out = {name: _plus_decayed(part, sens0[name], decay) for name, part in unit_parts.items()}
     view = weighted.permute(1, 2, 3, 4, 0)  # (B, K, G, N, M)
-    for tr in tracked:
-        if tr.kind == "bias":
-            out[tr.name] = _plus_decayed(view.sum(-1).unsqueeze(-1), sens0[tr.name], decay)
-    flat = view.reshape(b, k * g * n, m)  # still a view
-    for tr in tracked:
-        if tr.kind == "weight":
-            out[tr.name] = _plus_matmul(flat, feats.transpose(0, 1), sens0[tr.name], decay)
-    return {tr.name: out[tr.name] for tr in tracked}
+    return _blocks_carry(tracked, unit_parts, {"gates": view}, {"input": feats}, sens0, running, in_place)
 
 
 _BLOCK_CONDITION_MAX = 16.0
