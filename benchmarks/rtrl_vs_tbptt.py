@@ -39,8 +39,12 @@ Usage::
 The last line reads ``ratios rtrl/tbptt atari=<x> dmlab=<y> lru=<l> stack=<s> online_speedup=<z>
 inplace_ratio=<i> bandwidth_multiple=<w>``: the RTRL/TBPTT update-time ratios per core; z = the paper-style
 reference's M = 1 step time / RTRL's; i = RTRL's M = 1 step time / the tuned in-place reference's (<= 1: RTRL is as
-fast); w = RTRL's M = 1 step time / the copy's. Each is the worst over the thread counts (and, for z, i and w, over
-the eLSTM shapes) of the run: the largest ratio, the smallest speedup. Every section prints the load average.
+fast); w = RTRL's M = 1 step time / the copy's. The line ends ``bandwidth_floor=<f> sensitivity_multiple=<e>``: f =
+(TBPTT's M = 1 step + the copy) / the copy, the least w any RTRL step could reach here (the network's own forward and
+backward, then one fused pass over the sensitivities); e = (RTRL's M = 1 step - TBPTT's) / the copy, the sensitivity
+work alone in copies (1.0: one fused read-and-write pass; 1.5: an in-place update, then a read-out). Each is the
+worst over the thread counts (and, for z, i, w, f and e, over the eLSTM shapes) of the run: the largest ratio, the
+smallest speedup. Every section prints the load average.
 """
 
 from __future__ import annotations
@@ -458,7 +462,7 @@ def main(argv: list[str] | None = None) -> None:
     check_all(shapes, names)
 
     ratios: dict[str, float] = {}
-    online: dict[str, list[float]] = {"speedup": [], "inplace": [], "bandwidth": []}
+    online: dict[str, list[float]] = {"speedup": [], "inplace": [], "bandwidth": [], "floor": [], "extra": []}
     for nthreads in threads:
         torch.set_num_threads(nthreads)
         if "segment" in sections:
@@ -489,10 +493,15 @@ def main(argv: list[str] | None = None) -> None:
                 )
             rtrl = res["rtrl"].median_ms
             speedup, inplace, multiple = ref / rtrl, rtrl / res["reference-inplace"].median_ms, rtrl / cp
+            # the step can be no faster than the network's own step (TBPTT at M = 1, no sensitivities) plus one
+            # pass over S; what RTRL adds to TBPTT, in copies, is the sensitivity work alone (1.0: one fused pass)
+            tb = res["tbptt"].median_ms
+            floor, extra = (tb + cp) / cp, (rtrl - tb) / cp
             gbps = 2 * nbytes / (cp * 1e-3) / 1e9
             print(
                 f"{s} threads={nthreads}: online_speedup={speedup:.2f} inplace_ratio={inplace:.2f} "
-                f"bandwidth_multiple={multiple:.2f} (copy of {nbytes / 2**20:.1f} MiB: {cp:.3f} ms = {gbps:.1f} GB/s "
+                f"bandwidth_multiple={multiple:.2f} bandwidth_floor={floor:.2f} sensitivity_multiple={extra:.2f} "
+                f"(copy of {nbytes / 2**20:.1f} MiB: {cp:.3f} ms = {gbps:.1f} GB/s "
                 f"read + write; cpu: inplace_ratio={res['rtrl'].cpu_ms / res['reference-inplace'].cpu_ms:.2f} "
                 f"bandwidth_multiple={res['rtrl'].cpu_ms / res['copy'].cpu_ms:.2f}; donated vs kept carry: "
                 f"{res['rtrl-keep'].median_ms / rtrl:.2f}x)"
@@ -500,6 +509,8 @@ def main(argv: list[str] | None = None) -> None:
             online["speedup"].append(speedup)
             online["inplace"].append(inplace)
             online["bandwidth"].append(multiple)
+            online["floor"].append(floor)
+            online["extra"].append(extra)
         print(load())
 
     print()
@@ -518,7 +529,8 @@ def main(argv: list[str] | None = None) -> None:
         f"ratios rtrl/tbptt atari={fmt(ratios.get('atari'))} dmlab={fmt(ratios.get('dmlab'))} "
         f"lru={fmt(ratios.get('lru'))} stack={fmt(ratios.get('stack'))} "
         f"online_speedup={fmt(worst('speedup', min))} inplace_ratio={fmt(worst('inplace', max))} "
-        f"bandwidth_multiple={fmt(worst('bandwidth', max))}"
+        f"bandwidth_multiple={fmt(worst('bandwidth', max))} bandwidth_floor={fmt(worst('floor', max))} "
+        f"sensitivity_multiple={fmt(worst('extra', max))}"
     )
 
 

@@ -123,10 +123,33 @@ def test_rtrl_vs_tbptt_quick():
     last = out.strip().splitlines()[-1]
     fields = " ".join(
         f"{k}={NUMBER}"
-        for k in ("atari", "dmlab", "lru", "stack", "online_speedup", "inplace_ratio", "bandwidth_multiple")
+        for k in (
+            "atari",
+            "dmlab",
+            "lru",
+            "stack",
+            "online_speedup",
+            "inplace_ratio",
+            "bandwidth_multiple",
+            "bandwidth_floor",
+            "sensitivity_multiple",
+        )
     )
     assert re.fullmatch(f"ratios rtrl/tbptt {fields}", last), last
     assert "nan" not in last
+
+
+def test_fused_update_quick():
+    """The fused-kernel prototype: its ratios line where numba is installed, else a clear message (exit 2)."""
+    proc = run_quick("fused_update.py", "--threads", "1")
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        assert proc.returncode == 2 and "needs numba" in proc.stderr and "pip install numba" in proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(f"ratios torch/copy={NUMBER} numba/copy={NUMBER} torch/numba={NUMBER}", last), last
 
 
 def test_memory_quick():
