@@ -52,7 +52,7 @@ class _Step(nn.Module):
         self.template = template  # the carry's structure (a Carry, or a StackCarry of them), for rebuilding it
         self.__dict__["agent"] = agent  # not a submodule: the tracer would probe the LightningModule's properties
         self.stem, self.cell, self.policy = agent.stem, agent.cell, agent.policy  # their parameters, registered
-        self.policy_mlp = agent.policy_mlp
+        self.policy_mlp, self.core_norm = agent.policy_mlp, agent.core_norm
         self.output = output
         self.greedy = greedy
 
@@ -69,7 +69,7 @@ class _Step(nn.Module):
             states, carry = _STEP_METHOD.unroll(cell, x, reset.unsqueeze(0), carry)
             h = cell.readout(states, x)[0]
             new_state = _flatten(carry)
-        params = agent.policy(agent.policy_mlp(h))
+        params = agent.policy_params(h)
         if self.output == "params":
             return params, new_state
         head = agent.policy

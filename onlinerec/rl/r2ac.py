@@ -183,6 +183,8 @@ class R2AC(OnlineRecurrentModule):
         head_sizes: widths of a feed-forward tanh MLP between the core's output and the policy head, and of another
             before the value head (sb3's recurrent policies use (64, 64)); () (the paper's): linear heads. Feed-forward,
             so every gradient method treats it like the heads.
+        core_norm: a LayerNorm on the core's output before both heads (False: the paper's). For linear-recurrent cells
+            such as the LRU, whose output is unbounded: without it, MiniGrid-MemoryS7's policy went deterministic.
     """
 
     loss_reduction = "sum"
@@ -202,6 +204,7 @@ class R2AC(OnlineRecurrentModule):
         action_space: Any = None,
         observation_space: Any = None,
         head_sizes: Sequence[int] = (),
+        core_norm: bool = False,
     ) -> None:
         action_spec = _action_spec(num_actions, action_space)
         head_sizes = [int(w) for w in head_sizes]
@@ -238,6 +241,7 @@ class R2AC(OnlineRecurrentModule):
                 "action_space": action_spec,
                 "observation_space": obs_spec,
                 "head_sizes": head_sizes,
+                "core_norm": bool(core_norm),
             }
         )
         self._spaces = {  # the gymnasium spaces given (in memory only; checkpoints keep the specs)
@@ -252,6 +256,9 @@ class R2AC(OnlineRecurrentModule):
         else:
             self.stem = make_stem(stem, obs_shape, fc_size)
         head_in = core_in if cell_obj is None else cell_obj.output_size
+        # a linear-recurrent core's output is unbounded (an LRU unit near |lambda| = 1 sums its inputs): normalised, its
+        # growth cannot blow up the logits (docs/r2ac.md#tuning-r2ac)
+        self.core_norm: nn.Module = nn.LayerNorm(head_in) if core_norm else nn.Identity()
         self.policy_mlp, self.value_mlp = _mlp(head_in, head_sizes), _mlp(head_in, head_sizes)
         head_in = head_sizes[-1] if head_sizes else head_in
         cfg = self.config
@@ -327,8 +334,14 @@ class R2AC(OnlineRecurrentModule):
         return x
 
     def heads(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        """Policy parameters (..., P) (the logits for Discrete actions) and value (...,) from core outputs h (..., N)."""
+        """Policy parameters (..., P) (the logits for Discrete actions) and value (...,) from core outputs h (..., N)
+        (layer-normalised first under ``core_norm``)."""
+        h = self.core_norm(h)
         return self.policy(self.policy_mlp(h)), self.baseline(self.value_mlp(h)).squeeze(-1)
+
+    def policy_params(self, h: Tensor) -> Tensor:
+        """The policy half of :meth:`heads` (what an exported policy runs)."""
+        return self.policy(self.policy_mlp(self.core_norm(h)))
 
     @torch.no_grad()
     def act(

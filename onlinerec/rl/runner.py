@@ -71,6 +71,9 @@ class ExperimentConfig:
     head_sizes: list[int] = field(default_factory=list)
     """Widths of a tanh MLP before the policy head and of another before the value head (sb3's recurrent policies:
     [64, 64]); [] (the paper's): linear heads on the core's output."""
+    core_norm: bool = False
+    """LayerNorm (with its affine parameters) on the core's output before both heads. For linear-recurrent cells (LRU,
+    minGRU, ...): their outputs are unbounded and can grow until the policy is deterministic; False: the paper's."""
     stem_checkpoint: str | None = None
     """Load the stem's weights from this R2AC checkpoint (the paper's pre-trained DMLab stem) ..."""
     freeze_stem: bool = False
@@ -198,6 +201,7 @@ def build(cfg: ExperimentConfig):
         config=r2ac,
         cell_kwargs=cell_kwargs,
         head_sizes=cfg.head_sizes,
+        core_norm=cfg.core_norm,
     )
     if cfg.stem_checkpoint:
         load_stem(model, cfg.stem_checkpoint)

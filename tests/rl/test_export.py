@@ -62,6 +62,11 @@ def _newer_cells():
     out = {}
     if "lru" in cells.CELLS:
         out["lru-K2"] = (R2AC(4, (6,), cell="lru", hidden_size=8, stem="mlp", fc_size=8), vector_obs)
+        normed = R2AC(4, (6,), cell="lru", hidden_size=8, stem="mlp", fc_size=8, core_norm=True)
+        with torch.no_grad():  # not the identity's affine map, so that a missing norm shows in the actions
+            normed.core_norm.weight.normal_(generator=torch.Generator().manual_seed(2))
+            normed.core_norm.bias.normal_(generator=torch.Generator().manual_seed(3))
+        out["lru-core-norm"] = (normed, vector_obs)
     if hasattr(cells, "Stack"):
         stack = cells.Stack([cells.make_cell("elstm", 9, 8), cells.make_cell("elstm", 8, 8)], residual=True)
         out["stack"] = (R2AC(4, (6,), cell=stack, stem="mlp", fc_size=8), vector_obs)

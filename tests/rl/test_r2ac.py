@@ -77,6 +77,21 @@ def test_mlp_heads_train_and_default_to_the_papers_linear_heads(tmp_path):
         tiny(head_sizes=(4, 0))
 
 
+def test_core_norm_makes_the_heads_blind_to_the_cores_scale_trains_and_reloads(tmp_path):
+    plain, normed = tiny("lru"), tiny("lru", core_norm=True)
+    assert isinstance(plain.core_norm, torch.nn.Identity) and plain.hparams["core_norm"] is False
+    h = torch.randn(3, normed.cell.output_size)
+    for a, b in zip(normed.heads(h), normed.heads(50 * h)):  # an LRU unit near |lambda| = 1 can grow its output so
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(plain.heads(h)[0], plain.heads(50 * h)[0])
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    trainer(RTRLStrategy(M=M), 2, enable_checkpointing=True, callbacks=[ckpt]).fit(normed, RolloutDataModule(**ENV))
+    assert not torch.equal(normed.core_norm.weight, torch.ones_like(normed.core_norm.weight))  # it learns
+    again = R2AC.load_from_checkpoint(tmp_path / "last.ckpt")
+    assert again.hparams["core_norm"] is True
+    torch.testing.assert_close(again.heads(h)[0], normed.heads(h)[0])
+
+
 def test_linear_lr_decay_to_zero():
     model = tiny(config=R2ACConfig(lr=1e-3))
     tr = trainer(RTRLStrategy(M=M), 4)

@@ -68,6 +68,12 @@ def test_head_sizes_reach_the_agent_and_mistakes_are_named(tmp_path, capsys):
     assert "head_sizes must be a list of positive layer widths" in capsys.readouterr().err
 
 
+def test_core_norm_reaches_the_agent(tmp_path):
+    assert isinstance(build(parse_experiment(TINY))[0].core_norm, torch.nn.Identity)  # the paper's heads by default
+    model, *_ = build(parse_experiment([*TINY, "--core_norm", "true", "--out_dir", str(tmp_path)]))
+    assert isinstance(model.core_norm, torch.nn.LayerNorm)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "says"),
     [("{slow_fraction: 2}", "0 <= slow_fraction <= 1"), ("{bogus: 1}", "unexpected keyword argument 'bogus'")],
