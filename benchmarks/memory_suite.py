@@ -271,6 +271,16 @@ def r2ac_config(name: str, method: str, seed: int, out: Path, steps: int, cell: 
     return cfg
 
 
+def run_child(cmd: list[str], log_path: Path) -> tuple[int, float]:
+    """Run ``cmd`` (output appended to ``log_path``); returns its exit status and the CPU seconds it and the children
+    it waited for used (user + system): a run's cost that does not depend on how loaded the machine was."""
+    with open(log_path, "a") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)  # noqa: S603
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # already reaped: tell Popen
+    return proc.returncode, usage.ru_utime + usage.ru_stime
+
+
 def run_r2ac(name: str, method: str, seed: int, out: Path, steps: int, cell: str | None) -> dict[str, Any]:
     import yaml
 
@@ -283,11 +293,10 @@ def run_r2ac(name: str, method: str, seed: int, out: Path, steps: int, cell: str
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     cmd = [sys.executable, "-m", "onlinerec.cli", "rl", "--config", str(config)]
     start = time.perf_counter()
-    with open(run_dir / "stdout.log", "a") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, check=False)  # noqa: S603
+    code, cpu = run_child(cmd, run_dir / "stdout.log")
     wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"{shlex.join(cmd)} failed (exit {proc.returncode}); see {run_dir / 'stdout.log'}")
+    if code != 0:
+        raise RuntimeError(f"{shlex.join(cmd)} failed (exit {code}); see {run_dir / 'stdout.log'}")
     frames, values = load_curve(run_dir, "return")
     result = json.loads((run_dir / "eval.json").read_text())
     grid, curve = curve_on_grid(frames, values, steps)
@@ -295,6 +304,7 @@ def run_r2ac(name: str, method: str, seed: int, out: Path, steps: int, cell: str
         "command": shlex.join(["python", "-m", "onlinerec.cli", "rl", "--config", str(config)]),
         "config": cfg,
         "wall_s": wall,
+        "cpu_s": cpu,
         "train_seconds": result.get("train_seconds"),
         "steps": int(result["frames"]),
         "grid": grid,
@@ -455,11 +465,11 @@ def run_job(name: str, method: str, seed: int, out: Path, steps: int, cell: str 
             "sb3",
             *sb3_args(name, seed, steps, path.with_suffix(".partial")),
         ]
-        with open(path.with_suffix(".log"), "a") as log:
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, check=False)  # noqa: S603
-        if proc.returncode != 0:
-            raise RuntimeError(f"{shlex.join(cmd)} failed (exit {proc.returncode}); see {path.with_suffix('.log')}")
+        code, cpu = run_child(cmd, path.with_suffix(".log"))
+        if code != 0:
+            raise RuntimeError(f"{shlex.join(cmd)} failed (exit {code}); see {path.with_suffix('.log')}")
         record = json.loads(path.with_suffix(".partial").read_text())
+        record["cpu_s"] = cpu
         path.with_suffix(".partial").unlink()
     else:
         record = run_r2ac(name, method, seed, out, steps, cell)
@@ -571,8 +581,8 @@ def report(out: Path) -> Path | None:
     envs = [e for e in ENVS if any(r["env"] == e for r in records)]
     methods = sorted({r["method"] for r in records}, key=lambda m: (METHODS + ABLATION + [m]).index(m))
     lines = [
-        "| env | method | seeds | budget (agent steps) | final | MMER | AUC | greedy eval | wall min / run |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| env | method | seeds | budget (agent steps) | final | MMER | AUC | greedy eval | wall min / run | CPU min / run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for env in envs:
         for method in methods:
@@ -580,10 +590,13 @@ def report(out: Path) -> Path | None:
             if not rs:
                 continue
             wall = np.mean([r["wall_s"] for r in rs]) / 60
+            cpus = [r["cpu_s"] for r in rs if r.get("cpu_s") is not None]  # runs before it was recorded have none
+            cpu = f"{np.mean(cpus) / 60:.1f}" + ("" if len(cpus) == len(rs) else f" ({len(cpus)} of {len(rs)})")
             lines.append(
                 f"| {env} | {method} | {len(rs)} ({', '.join(str(r['seed']) for r in rs)}) | {rs[0]['budget']:,} | "
                 f"{_mean_std([r['final'] for r in rs])} | {_mean_std([r['mmer'] for r in rs])} | "
-                f"{_mean_std([r['auc'] for r in rs])} | {_mean_std([r['eval'] for r in rs])} | {wall:.1f} |"
+                f"{_mean_std([r['auc'] for r in rs])} | {_mean_std([r['eval'] for r in rs])} | {wall:.1f} | "
+                f"{cpu if cpus else '–'} |"
             )
     table = out / "table.md"
     table.write_text("\n".join(lines) + "\n")

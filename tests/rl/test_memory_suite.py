@@ -99,3 +99,26 @@ def test_the_shipped_popgym_config_is_the_suites_lru_mixed_passes_arm(tmp_path):
         assert shipped[key] == arm[key], key
     assert shipped.get("cell_kwargs", {}) == arm["cell_kwargs"]
     assert {k: v for k, v in arm["r2ac"].items() if k != "return_window"} == shipped["r2ac"]
+
+
+def test_a_child_runs_cpu_time_is_measured_and_a_failure_is_its_exit_status(tmp_path):
+    code, cpu = suite.run_child([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], tmp_path / "a.log")
+    assert code == 0 and 0.05 < cpu < 60
+    code, _ = suite.run_child([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], tmp_path / "b.log")
+    assert code == 3 and "boom" in (tmp_path / "b.log").read_text()
+
+
+def test_the_report_gives_cpu_minutes_where_runs_recorded_them(tmp_path):
+    import json
+
+    curve = [0.1] * suite.POINTS
+    for seed, cpu in ((0, 120.0), (1, None)):
+        record = {"env": "CountRecallEasy", "method": "rtrl", "seed": seed, "budget": 10, "wall_s": 60.0, "eval": 0.0,
+                  "grid": list(range(suite.POINTS)), "curve": curve, **suite.scores(curve)}  # fmt: skip
+        if cpu is not None:
+            record["cpu_s"] = cpu
+        path = suite.job_path(tmp_path, "CountRecallEasy", "rtrl", seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record))
+    table = suite.report(tmp_path).read_text()
+    assert "| CPU min / run |" in table and "| 1.0 | 2.0 (1 of 2) |" in table
