@@ -61,6 +61,7 @@ import shlex
 import subprocess
 import sys
 import threading
+import warnings
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -591,12 +592,16 @@ def report(out: Path) -> Path | None:
                 continue
             wall = np.mean([r["wall_s"] for r in rs]) / 60
             cpus = [r["cpu_s"] for r in rs if r.get("cpu_s") is not None]  # runs before it was recorded have none
-            cpu = f"{np.mean(cpus) / 60:.1f}" + ("" if len(cpus) == len(rs) else f" ({len(cpus)} of {len(rs)})")
+            cpu = (
+                "–"
+                if not cpus
+                else f"{np.mean(cpus) / 60:.1f}" + ("" if len(cpus) == len(rs) else f" ({len(cpus)} of {len(rs)})")
+            )
             lines.append(
                 f"| {env} | {method} | {len(rs)} ({', '.join(str(r['seed']) for r in rs)}) | {rs[0]['budget']:,} | "
                 f"{_mean_std([r['final'] for r in rs])} | {_mean_std([r['mmer'] for r in rs])} | "
                 f"{_mean_std([r['auc'] for r in rs])} | {_mean_std([r['eval'] for r in rs])} | {wall:.1f} | "
-                f"{cpu if cpus else '–'} |"
+                f"{cpu} |"
             )
     table = out / "table.md"
     table.write_text("\n".join(lines) + "\n")
@@ -623,9 +628,12 @@ def figure(records: list[dict[str, Any]], envs: list[str], methods: list[str], p
             grid = np.asarray(rs[0]["grid"])
             ys = np.asarray([r["curve"] for r in rs], dtype=float)
             style = {"linestyle": "--", "linewidth": 1} if method in ABLATION else {}  # the ablation: dashed
-            line = ax.plot(grid, np.nanmean(ys, 0), label=f"{method} ({len(rs)})", **style)[0]
+            with warnings.catch_warnings():  # points before any run's first episode are NaN on purpose: left blank
+                warnings.simplefilter("ignore", RuntimeWarning)
+                mean, low, high = np.nanmean(ys, 0), np.nanmin(ys, 0), np.nanmax(ys, 0)
+            line = ax.plot(grid, mean, label=f"{method} ({len(rs)})", **style)[0]
             if len(rs) > 1:
-                ax.fill_between(grid, np.nanmin(ys, 0), np.nanmax(ys, 0), color=line.get_color(), alpha=0.15)
+                ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.15)
         if ENVS[env].random_return is not None:
             ax.axhline(ENVS[env].random_return, color="gray", linestyle=":", linewidth=1)
         ax.set_title(env)
