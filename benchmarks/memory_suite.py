@@ -61,8 +61,8 @@ import shlex
 import subprocess
 import sys
 import threading
-import warnings
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
