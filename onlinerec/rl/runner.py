@@ -269,6 +269,14 @@ def config_changes(stored: dict[str, Any], cfg: ExperimentConfig) -> dict[str, t
     }
 
 
+class RunFolderError(ValueError):
+    """The run's ``out_dir`` holds another experiment: resuming would mix two runs' results."""
+
+
+_ARCHITECTURE = {"cell", "cell_kwargs", "layers", "hidden_size", "stem", "fc_size", "head_sizes", "core_norm"}
+"""Config keys that change the network's parameters: a checkpoint of another value cannot be continued."""
+
+
 def resume_point(cfg: ExperimentConfig, out: Path) -> Path | None:
     """The checkpoint to resume from (None: start fresh), after refusing what would mix or overwrite experiments."""
     from onlinerec.training.checkpoint import verify_checkpoint_file
@@ -285,9 +293,16 @@ def resume_point(cfg: ExperimentConfig, out: Path) -> Path | None:
     stored = out / "config.json"
     if stored.exists():
         changes = config_changes(json.loads(stored.read_text()), cfg)
+        reshaped = sorted(k for k in changes if k.split(".")[0] in _ARCHITECTURE)
+        if reshaped and cfg.allow_config_change:
+            raise RunFolderError(
+                f"{out} holds a run whose network differs from this one ({', '.join(reshaped)}): its checkpoint's "
+                "weights do not fit, so --allow_config_change cannot continue it (it is for training settings such as "
+                "M, lr or total_frames). Give this run its own --out_dir."
+            )
         if changes and not cfg.allow_config_change:
             listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in ((k, *v) for k, v in changes.items()))
-            raise ValueError(
+            raise RunFolderError(
                 f"{out} holds a different experiment, so it is not resumed ({listed}). Give this run its own "
                 "--out_dir (the default folder name already contains env, method, cell, M and seed), or pass "
                 "--allow_config_change true to continue that run with the new settings."
@@ -468,12 +483,16 @@ def main(
     """``onlinerec rl``: parse (see :func:`onlinerec.config.parse_config`), run, and turn a missing env backend into a
     clear error. The examples call it with their YAML as ``default_config``."""
     from onlinerec.rl.envs import MissingBackendError
+    from onlinerec.training.checkpoint import CorruptCheckpointError
 
     cfg = parse_experiment(argv, default_config, description, prog)
     try:
         run_experiment(cfg)
     except MissingBackendError as err:
         print(f"error: {cfg.env} needs a backend that is not installed.\n{err}", file=sys.stderr)
+        return 2
+    except (RunFolderError, FileExistsError, CorruptCheckpointError) as err:  # the out_dir cannot be used as it is
+        print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
 

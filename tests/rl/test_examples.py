@@ -163,9 +163,9 @@ def test_learning_curve_plot(tmp_path):
     assert png.stat().st_size > 1000
 
 
-def test_a_resume_continues_only_the_same_experiment(tmp_path):
+def test_a_resume_continues_only_the_same_experiment(tmp_path, capsys):
     """Running the docstring's pair (rtrl, then tbptt) into one folder used to resume the RTRL run as "tbptt"."""
-    from onlinerec.rl.runner import parse_experiment, run_experiment
+    from onlinerec.rl.runner import main, parse_experiment, run_experiment
     from onlinerec.training.checkpoint import CorruptCheckpointError
 
     base = [*TINY, "--env_kwargs", '{"length": 3}', "--eval_episodes", "0", "--stem", "mlp", "--total_frames", "16"]
@@ -176,7 +176,17 @@ def test_a_resume_continues_only_the_same_experiment(tmp_path):
     assert json.loads((tmp_path / "one" / "config.json").read_text())["method"] == "rtrl"  # nothing was overwritten
     with pytest.raises(FileExistsError, match="would train from scratch and overwrite"):
         run_experiment(parse_experiment([*base, *shared, "--resume", "false"]))
+    for mistake in (["--method", "tbptt"], ["--resume", "false"]):  # on the command line: a message, not a traceback
+        assert main([*base, *shared, *mistake]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and "Traceback" not in err and "--out_dir" in err
 
+    with pytest.raises(ValueError, match=r"network differs from this one \(core_norm, hidden_size\).*own --out_dir"):
+        run_experiment(
+            parse_experiment(
+                [*base, *shared, "--hidden_size", "5", "--core_norm", "true", "--allow_config_change", "true"]
+            )
+        )
     changed = run_experiment(parse_experiment([*base, *shared, "--M", "2", "--allow_config_change", "true"]))
     assert changed["updates"] > 0
     assert json.loads((tmp_path / "one" / "config_changes.json").read_text()) == [{"M": {"was": 4, "now": 2}}]
@@ -184,6 +194,7 @@ def test_a_resume_continues_only_the_same_experiment(tmp_path):
     (tmp_path / "one" / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 half a file")
     with pytest.raises(CorruptCheckpointError, match=r"last.ckpt is truncated.*--resume false or a new --out_dir"):
         run_experiment(parse_experiment([*base, *shared, "--M", "2"]))
+    assert main([*base, *shared, "--M", "2"]) == 2 and "last.ckpt is truncated" in capsys.readouterr().err
 
 
 def test_default_output_folders_differ_by_method_cell_M_and_seed():
