@@ -294,11 +294,11 @@ def resume_point(cfg: ExperimentConfig, out: Path) -> Path | None:
     if stored.exists():
         changes = config_changes(json.loads(stored.read_text()), cfg)
         reshaped = sorted(k for k in changes if k.split(".")[0] in _ARCHITECTURE)
-        if reshaped and cfg.allow_config_change:
+        if reshaped:  # refused with or without --allow_config_change: the checkpoint's weights cannot be loaded
             raise RunFolderError(
                 f"{out} holds a run whose network differs from this one ({', '.join(reshaped)}): its checkpoint's "
-                "weights do not fit, so --allow_config_change cannot continue it (it is for training settings such as "
-                "M, lr or total_frames). Give this run its own --out_dir."
+                "weights do not fit, so it cannot be continued, not even with --allow_config_change (that is for "
+                "training settings such as M, lr or total_frames). Give this run its own --out_dir."
             )
         if changes and not cfg.allow_config_change:
             listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in ((k, *v) for k, v in changes.items()))
