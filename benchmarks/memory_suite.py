@@ -21,6 +21,9 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
 - **Both rings, normalised** (``lru_mixed_norm``): ``lru_mixed_passes`` with a LayerNorm on the core's output
   (``core_norm``) and without advantage normalisation, against the collapse of every multi-pass LRU arm on
   MiniGrid-MemoryS7; chosen after seed-0 probes on MiniGridMemoryS7, CountRecallEasy and RepeatPreviousEasy.
+- **Observations normalised** (``lru_obs_passes``): ``lru_passes`` with ``obs_norm`` (running per-feature mean and
+  std, clipped at 10), the observation half of the ``VecNormalize`` that rl-zoo's tuned RecurrentPPO uses on
+  CartPoleNoVel; set from that recipe before any run.
 - **The ablation** (``--methods rtrl_rnorm rtrl_anorm rtrl_adam rtrl_ppo``, not run by default): each of those
   changes alone on top of the paper's R2AC-RTRL (return normalisation; advantage normalisation; mean losses with
   Adam; 4 clipped-ratio passes).
@@ -188,6 +191,10 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
         "method": "rtrl", "cell": "lru", "cell_kwargs": {"slow_fraction": 0.5},
         "r2ac": {**_PASSES, "advantage_norm": False}, "config": {"core_norm": True},
     },
+    # lru_passes with the observations normalised (obs_norm: running mean and std per feature, clipped at 10), as
+    # rl-zoo's tuned RecurrentPPO does on CartPoleNoVel with VecNormalize (without it RecurrentPPO reached 182, not
+    # 419); set from that recipe before any run, not tuned
+    "lru_obs_passes": {"method": "rtrl", "cell": "lru", "cell_kwargs": {}, "r2ac": {**_PASSES, "obs_norm": True}},
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},

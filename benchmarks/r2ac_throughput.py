@@ -7,6 +7,8 @@ ale-py's native vector env with 84x84 gray frames, a stack of 4, frame skip 4 wi
 - ``r2ac-rtrl`` / ``r2ac-tbptt``: R2AC trained by ``lightning.Trainer`` with ``RTRLStrategy(M)`` /
   ``TBPTTStrategy(M)``: Nature CNN stem (fc 256), eLSTM core of width 256, one update per segment of M steps
   (acting with the current weights, then one V-trace gradient pass, RMSProp, gradient clipping).
+- ``r2ac-rtrl-async``: ``r2ac-rtrl`` with ``RolloutDataModule(async_actor=True)``: a copy of the agent collects the
+  next segment on a thread while the learner updates on the current one (acting with weights one update old).
 - ``recurrentppo``: sb3-contrib ``RecurrentPPO("CnnLstmPolicy")`` on the same env through a small SB3 ``VecEnv``
   adapter (:class:`SB3VecEnv`: terminated | truncated is SB3's ``done``; the env already resets in the same step
   as SB3 expects), with the network matched to R2AC's: SB3's NatureCNN with ``features_dim=256``, one LSTM layer
@@ -44,7 +46,8 @@ heads, stem), optimizer (gradient checks, clipping, RMSProp) and Lightning's loo
 The last line reads ``ratios r2ac/recurrentppo=<a> rtrl/tbptt_e2e=<b> env_overhead=<c>`` with
 a = R2AC-RTRL frames/s / RecurrentPPO frames/s, b = R2AC-RTRL seconds per update / R2AC-TBPTT seconds per update
 (the whole update, acting included), and c = raw env steps/s / R2AC-RTRL steps/s: how many times slower
-training runs than the bare env (1 = training costs nothing beyond stepping the env). Needs ale-py and (for
+training runs than the bare env (1 = training costs nothing beyond stepping the env). With ``r2ac-rtrl-async`` it
+gains ``async/plain=<x>`` (its frames/s over R2AC-RTRL's) and ``r2ac_async/<peer>=<y>`` for every peer that ran. Needs ale-py and (for
 ``recurrentppo``) sb3-contrib: ``pip install -e '.[atari,bench]'``.
 """
 
@@ -73,15 +76,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-CONFIGS = ("env", "r2ac-rtrl", "r2ac-tbptt", "recurrentppo")  # the default set (no peer installed)
+CONFIGS = ("env", "r2ac-rtrl", "r2ac-rtrl-async", "r2ac-tbptt", "recurrentppo")  # the default set (no peer installed)
 PEERS_SF = ("sample-factory", "env-sf")  # run with the sample-factory virtualenv's interpreter
 PEERS_CLEANRL = ("cleanrl-matched", "cleanrl", "env-cleanrl")  # run with the cleanrl virtualenv's interpreter
-OPTIONAL = ("r2ac-rtrl-nchw", "r2ac-rtrl-overlap", *PEERS_SF, *PEERS_CLEANRL)
+OPTIONAL = ("r2ac-rtrl-nchw", *PEERS_SF, *PEERS_CLEANRL)
 ENV_OF = {  # the bare env stack each configuration's env cost is taken from (env-subtracted cost)
     "r2ac-rtrl": "env",
     "r2ac-tbptt": "env",
     "r2ac-rtrl-nchw": "env",
-    "r2ac-rtrl-overlap": "env",
+    "r2ac-rtrl-async": "env",
     "recurrentppo": "env",
     "sample-factory": "env-sf",
     "cleanrl": "env-cleanrl",
@@ -291,7 +294,7 @@ def time_random_actions(env, name: str, opts: Options) -> RunResult:
 
 
 def run_r2ac(
-    opts: Options, method: str, profile: bool = False, nchw_stem: bool = False, overlap: bool = False
+    opts: Options, method: str, profile: bool = False, nchw_stem: bool = False, async_actor: bool = False
 ) -> RunResult:
     import lightning as L
     from lightning.pytorch.callbacks import Callback
@@ -329,40 +332,16 @@ def run_r2ac(
                         self.rollout_seconds += time.perf_counter() - t0
 
                 stream.next_segment, stream._timed = next_segment, True
-                if overlap:
-                    stream.next_segment = prefetching(next_segment)
             return loader
 
-        def teardown(self, stage: str) -> None:
-            if self.pending is not None:  # let the prefetching thread finish before the env closes
-                self.pending.result()
-                self.pending = None
-            super().teardown(stage)
-
-        pending: Any = None
-
-    def prefetching(collect: Callable[[int], Any]) -> Callable[[int], Any]:
-        """The overlap prototype: hands out the segment collected in the background and at once starts collecting
-        the next one on a thread, so acting + env stepping for segment k + 1 overlap the learner's update on segment
-        k. The actor then acts with weights one update old and reads them while the optimiser writes them in place:
-        a timing prototype, not a correct implementation (see docs/performance.md#overlapping-acting-with-learning)."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        pool = ThreadPoolExecutor(1, thread_name_prefix="prefetch")
-
-        def next_segment(m: int):
-            seg = dm.pending.result() if dm.pending is not None else collect(m)
-            dm.pending = pool.submit(collect, m)
-            return seg
-
-        return next_segment
-
-    dm = TimedRollouts(lambda n, seed: make_env(opts.env_id, n, seed), num_envs=opts.num_envs, seed=opts.seed)
+    dm = TimedRollouts(
+        lambda n, seed: make_env(opts.env_id, n, seed), num_envs=opts.num_envs, seed=opts.seed, async_actor=async_actor
+    )
     obs_shape, num_actions, _ = dm.env_spaces()
     model = R2AC(num_actions, obs_shape, cell="elstm", hidden_size=256, stem=opts.stem, fc_size=256)
     if nchw_stem:  # the stem as before issue 15, for the before/after comparison
         model.stem.forward = types.MethodType(nchw_stem_forward, model.stem)
-    name = f"r2ac-{method}" + ("-nchw" if nchw_stem else "") + ("-overlap" if overlap else "")
+    name = f"r2ac-{method}" + ("-nchw" if nchw_stem else "") + ("-async" if async_actor else "")
     result = RunResult(name, opts.M * opts.num_envs * FRAME_SKIP)
     marks = _Marks(result, opts.warmup, lambda: dm.stream.env.step_seconds, lambda: dm.rollout_seconds)
 
@@ -721,10 +700,10 @@ def run_config(config: str, opts: Options, profile: bool = False, quick: bool = 
     torch.set_num_threads(opts.threads)
     if config == "env":
         return run_env(opts)
-    if config in ("r2ac-rtrl", "r2ac-tbptt", "r2ac-rtrl-nchw", "r2ac-rtrl-overlap"):
+    if config in ("r2ac-rtrl", "r2ac-tbptt", "r2ac-rtrl-nchw", "r2ac-rtrl-async"):
         method = config.split("-")[1]
         return run_r2ac(
-            opts, method, profile=profile, nchw_stem=config.endswith("-nchw"), overlap=config.endswith("-overlap")
+            opts, method, profile=profile, nchw_stem=config.endswith("-nchw"), async_actor=config.endswith("-async")
         )
     if config == "recurrentppo":
         return run_recurrentppo(opts)
@@ -1223,21 +1202,31 @@ def report(summaries: dict[str, Summary], runs: dict[str, list[RunResult]], opts
             + " ".join(f"{c}={v:.3f}" for c, v in costs.items())
         )
     goals = []
-    if "r2ac-rtrl" in summaries and "recurrentppo" in summaries:
-        v = float(fps_ratio("r2ac-rtrl", "recurrentppo"))
-        goals.append(f"r2ac/recurrentppo={v:.2f} (>= 2: {'met' if v >= 2 else 'not met'})")
-    if "r2ac-rtrl" in summaries and "sample-factory" in summaries:
-        v = float(fps_ratio("r2ac-rtrl", "sample-factory"))
-        goals.append(f"r2ac/sample_factory={v:.2f} (>= 1.5: {'met' if v >= 1.5 else 'not met'})")
-    if costs.get("r2ac-rtrl") is not None and costs.get("cleanrl-matched"):
-        v = costs["r2ac-rtrl"] / costs["cleanrl-matched"]
-        goals.append(f"cost r2ac/cleanrl_matched={v:.2f} (<= 0.8: {'met' if v <= 0.8 else 'not met'})")
+    for mine, key in (("r2ac-rtrl", "r2ac"), ("r2ac-rtrl-async", "r2ac_async")):
+        if mine not in summaries:
+            continue
+        if "recurrentppo" in summaries:
+            v = float(fps_ratio(mine, "recurrentppo"))
+            goals.append(f"{key}/recurrentppo={v:.2f} (>= 2: {'met' if v >= 2 else 'not met'})")
+        if "sample-factory" in summaries:
+            v = float(fps_ratio(mine, "sample-factory"))
+            goals.append(f"{key}/sample_factory={v:.2f} (>= 1.5: {'met' if v >= 1.5 else 'not met'})")
+        if costs.get(mine) is not None and costs.get("cleanrl-matched"):
+            v = costs[mine] / costs["cleanrl-matched"]
+            goals.append(f"cost {key}/cleanrl_matched={v:.2f} (<= 0.8: {'met' if v <= 0.8 else 'not met'})")
     if goals:
         print("goals (wall-clock frames/s; cost: env-subtracted CPU): " + " ".join(goals))
     a = fps_ratio("r2ac-rtrl", "recurrentppo")
     b = time_ratio("r2ac-rtrl", "r2ac-tbptt", "update_s")
     c = time_ratio("r2ac-rtrl", "env", "update_s")
     extra = "".join(f" r2ac/{key}={fps_ratio('r2ac-rtrl', cfg)}" for cfg, key in peers if cfg in summaries)
+    if "r2ac-rtrl-async" in summaries:
+        extra += f" async/plain={fps_ratio('r2ac-rtrl-async', 'r2ac-rtrl')}"
+        extra += "".join(
+            f" r2ac_async/{key}={fps_ratio('r2ac-rtrl-async', cfg)}"
+            for cfg, key in [("recurrentppo", "recurrentppo"), *peers]
+            if cfg in summaries
+        )
     print(f"ratios r2ac/recurrentppo={a} rtrl/tbptt_e2e={b} env_overhead={c}{extra}")
 
 

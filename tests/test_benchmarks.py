@@ -41,11 +41,15 @@ def test_r2ac_throughput_quick():
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     number = r"\d+(\.\d+)?"
-    assert re.fullmatch(rf"ratios r2ac/recurrentppo={number} rtrl/tbptt_e2e={number} env_overhead={number}", last), last
+    assert re.fullmatch(
+        rf"ratios r2ac/recurrentppo={number} rtrl/tbptt_e2e={number} env_overhead={number} "
+        rf"async/plain={number} r2ac_async/recurrentppo={number}",
+        last,
+    ), last
 
 
 def test_r2ac_throughput_quick_variants():
-    """The before-issue-15 stem and the overlap prototype run (only ale-py needed)."""
+    """The before-issue-15 stem and the background actor run (only ale-py needed)."""
     pytest.importorskip("ale_py", reason="needs the atari extra: pip install -e '.[atari]'")
     proc = run_quick(
         "r2ac_throughput.py",
@@ -54,13 +58,15 @@ def test_r2ac_throughput_quick_variants():
         "--peers",
         "",
         "--configs",
-        "env,r2ac-rtrl,r2ac-rtrl-nchw,r2ac-rtrl-overlap",
+        "env,r2ac-rtrl,r2ac-rtrl-nchw,r2ac-rtrl-async",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"^r2ac-rtrl-nchw +\d+", proc.stdout, re.M), proc.stdout
-    assert re.search(r"^r2ac-rtrl-overlap +\d+", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^r2ac-rtrl-async +\d+", proc.stdout, re.M), proc.stdout
     last = proc.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(rf"ratios r2ac/recurrentppo=nan rtrl/tbptt_e2e=nan env_overhead={NUMBER}", last), last
+    assert re.fullmatch(
+        rf"ratios r2ac/recurrentppo=nan rtrl/tbptt_e2e=nan env_overhead={NUMBER} async/plain={NUMBER}", last
+    ), last
 
 
 def installed_peers() -> tuple[str, list[str]]:

@@ -1,9 +1,11 @@
-"""Reward normalisation by a running estimate of the discounted return's scale (``R2ACConfig.reward_norm``).
+"""Running statistics that make R2AC's inputs scale-free: reward normalisation by a running estimate of the
+discounted return's scale (``R2ACConfig.reward_norm``) and observation normalisation (``R2ACConfig.obs_norm``).
 
-The scheme of stable-baselines3's ``VecNormalize`` (PPO's reward scaling): every stream keeps its discounted return
-R_t = gamma R_{t-1} + r_t (zeroed after an episode ends), a running variance of those returns is kept over all
+Both follow stable-baselines3's ``VecNormalize``. Rewards (PPO's reward scaling): every stream keeps its discounted
+return R_t = gamma R_{t-1} + r_t (zeroed after an episode ends), a running variance of those returns is kept over all
 streams, and rewards are divided by its standard deviation sqrt(var + eps). Only the scale changes (the mean is not
-subtracted), so the sign of a reward and where it is zero are kept.
+subtracted), so the sign of a reward and where it is zero are kept. Observations: each feature is centred and scaled
+by its running mean and standard deviation, then clipped.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-__all__ = ["ReturnNormalizer", "discounted_returns"]
+__all__ = ["ObservationNormalizer", "ReturnNormalizer", "RunningMeanStd", "discounted_returns"]
 
 
 def discounted_returns(start: Tensor, rewards: Tensor, done: Tensor, discount: float) -> tuple[Tensor, Tensor]:
@@ -29,47 +31,85 @@ def discounted_returns(start: Tensor, rewards: Tensor, done: Tensor, discount: f
     return torch.stack(out), ret
 
 
-class ReturnNormalizer(nn.Module):
-    """Running mean and variance of discounted returns (Chan et al.'s parallel update, sb3's ``RunningMeanStd``:
-    mean 0, var 1 and a count of 1e-4 to start), as float64 buffers: they are checkpointed with the weights.
+class RunningMeanStd(nn.Module):
+    """Running per-feature mean and variance of samples of shape ``shape`` (Chan et al.'s parallel update, sb3's
+    ``RunningMeanStd``: mean 0, var 1 and a count of 1e-4 to start), as float64 buffers: they are checkpointed with
+    the weights.
 
-    Under DDP :meth:`update` all-reduces the batch's count, sum and sum of squares first, so every rank applies the
-    same update and the statistics are identical on all ranks (the returns of all W * B streams).
+    Under DDP :meth:`update` all-reduces the batch's count, sums and sums of squares first, so every rank applies the
+    same update and the statistics are identical on all ranks (the samples of all W processes).
 
     Args:
+        shape: one sample's shape (``()``: scalars).
         eps: added to the variance under the square root of :attr:`std`.
     """
 
-    def __init__(self, eps: float = 1e-8) -> None:
+    def __init__(self, shape: tuple[int, ...] = (), eps: float = 1e-8) -> None:
         super().__init__()
+        self.shape = tuple(int(n) for n in shape)
         self.eps = eps
-        self.register_buffer("mean", torch.zeros((), dtype=torch.float64))
-        self.register_buffer("var", torch.ones((), dtype=torch.float64))
+        self.register_buffer("mean", torch.zeros(self.shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(self.shape, dtype=torch.float64))
         self.register_buffer("count", torch.full((), 1e-4, dtype=torch.float64))
 
     @property
     def std(self) -> Tensor:
-        """sqrt(var + eps), the divisor of the rewards."""
+        """sqrt(var + eps)."""
         return (self.var + self.eps).sqrt()
 
     @torch.no_grad()
-    def update(self, returns: Tensor) -> None:
-        """Fold a batch of returns (any shape; every entry one sample) into the statistics."""
-        x = returns.detach().to(device=self.mean.device, dtype=torch.float64).reshape(-1)
-        moments = torch.stack([x.new_tensor(float(x.numel())), x.sum(), (x * x).sum()])
+    def update(self, samples: Tensor) -> None:
+        """Fold a batch into the statistics: ``samples`` (..., *shape), every leading index one sample."""
+        if tuple(samples.shape[samples.dim() - len(self.shape) :]) != self.shape:
+            raise ValueError(
+                f"samples of shape {self.shape} were expected, got a batch of shape {tuple(samples.shape)}."
+            )
+        x = samples.detach().to(device=self.mean.device, dtype=torch.float64).reshape(-1, *self.shape)
+        moments = torch.cat([x.new_tensor([float(x.shape[0])]), x.sum(0).reshape(-1), (x * x).sum(0).reshape(-1)])
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(moments)  # every rank folds in the same batch: all W * B streams' returns
-        n, total, squares = moments.unbind()
+            dist.all_reduce(moments)  # every rank folds in the same batch: all W processes' samples
+        n, (total, squares) = moments[0], moments[1:].chunk(2)
         if float(n) == 0:
             return
-        batch_mean = total / n
-        batch_var = (squares / n - batch_mean**2).clamp_min(0.0)
+        batch_mean = (total / n).reshape(self.shape)
+        batch_var = (squares / n).reshape(self.shape) - batch_mean**2
         count = self.count + n
         delta = batch_mean - self.mean
-        m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / count
+        m2 = self.var * self.count + batch_var.clamp_min(0.0) * n + delta**2 * self.count * n / count
         self.mean.add_(delta * n / count)
         self.var.copy_(m2 / count)
         self.count.copy_(count)
 
     def extra_repr(self) -> str:
-        return f"eps={self.eps}"
+        return f"shape={self.shape}, eps={self.eps}"
+
+
+class ReturnNormalizer(RunningMeanStd):
+    """The running variance of discounted returns (scalars) whose :attr:`std` divides the rewards
+    (``R2ACConfig.reward_norm``): every entry of an update's batch is one return."""
+
+    def __init__(self, eps: float = 1e-8) -> None:
+        super().__init__((), eps)
+
+
+class ObservationNormalizer(RunningMeanStd):
+    """Per-feature running mean and variance of vector observations (``R2ACConfig.obs_norm``; the observation half of
+    sb3's ``VecNormalize``): :meth:`forward` gives ``clip((obs - mean) / std, -clip, clip)`` in the observation's
+    float dtype.
+
+    Args:
+        shape: one observation's shape.
+        clip: bound of the normalised observation (sb3's ``clip_obs`` is 10); <= 0: no clipping.
+    """
+
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8) -> None:
+        super().__init__(shape, eps)
+        self.clip = float(clip)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        dtype = obs.dtype if obs.is_floating_point() else torch.float32
+        out = (obs.to(dtype) - self.mean.to(dtype)) / self.std.to(dtype)
+        return out.clamp(-self.clip, self.clip) if self.clip > 0 else out
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, clip={self.clip}"

@@ -27,7 +27,7 @@ from onlinerec.gradients.carry import Carry, StackCarry
 from onlinerec.rl.evaluation import evaluate
 from onlinerec.rl.monitor import RolloutMonitor
 from onlinerec.rl.nets import DictStem, is_channels_last, is_image_spec, make_stem
-from onlinerec.rl.normalize import ReturnNormalizer, discounted_returns
+from onlinerec.rl.normalize import ObservationNormalizer, ReturnNormalizer, discounted_returns
 from onlinerec.rl.policy import ActionHead, make_head, space_from_spec, space_spec
 from onlinerec.rl.rollout import RolloutSegment
 from onlinerec.rl.vtrace import vtrace
@@ -95,6 +95,15 @@ class R2ACConfig:
     on every DDP rank: each update all-reduces), updated once per training segment, after its update, from its
     rewards; each stream's running return is carried state (per rank, checkpointed with the carries). ``reward_clip``
     then clips the normalised reward (sb3 clips at 10; 0: no clipping)."""
+    obs_norm: bool = False
+    """Normalise vector observations feature by feature with running means and standard deviations, clipped to
+    +-``obs_clip`` (the observation half of sb3's ``VecNormalize``, which rl-zoo's tuned RecurrentPPO uses on
+    CartPoleNoVel; :class:`~onlinerec.rl.normalize.ObservationNormalizer`). As with ``reward_norm`` the statistics are
+    module buffers (checkpointed, exported with the policy, identical on every DDP rank), updated once per training
+    segment after its update from its entries 1..M, so the actor and every pass of a segment see the same
+    normalisation. For flat vector observations only: image stems scale their pixels themselves."""
+    obs_clip: float = 10.0
+    """Bound of the normalised observations under ``obs_norm`` (sb3's ``clip_obs``); <= 0: no clipping."""
     advantage_norm: bool = False
     """Normalise the policy-gradient advantages of every optimiser step to mean 0 and standard deviation 1 over its
     M x B entries ((A - mean) / (std + 1e-8), population std; this process's streams under DDP)."""
@@ -252,6 +261,7 @@ class R2AC(OnlineRecurrentModule):
         self.observation_space_spec = obs_spec
         self.num_actions: int | None = action_spec["n"] if action_spec["type"] == "Discrete" else None
         self.obs_shape = obs_shape
+        self.obs_normalizer = self._obs_normalizer(obs_shape, obs_spec, stem)
         if obs_shape is None or (obs_spec is not None and is_image_spec(obs_spec) and is_channels_last(obs_shape)):
             self.stem: nn.Module = DictStem(obs_spec, fc_size, image_stem=stem)  # per key; or an HWC image
         else:
@@ -271,6 +281,22 @@ class R2AC(OnlineRecurrentModule):
             log_std_init=cfg.log_std_init,
         )
         self.baseline = nn.Linear(head_in, 1)
+
+    def _obs_normalizer(self, obs_shape: Any, obs_spec: Any, stem: str) -> ObservationNormalizer | None:
+        """``obs_norm``'s running statistics, after checking that the observations are flat vectors."""
+        if not self.config.obs_norm:
+            return None
+        image = obs_shape is not None and (
+            (obs_spec is not None and is_image_spec(obs_spec)) or (obs_spec is None and len(obs_shape) == 3)
+        )
+        if obs_shape is None or image or len(obs_shape) != 1:
+            seen = "Dict/Tuple observations" if obs_shape is None else f"observations of shape {tuple(obs_shape)}"
+            raise ValueError(
+                f"R2ACConfig.obs_norm normalises flat vector observations, but this agent reads {seen}. Image stems "
+                "scale their pixels themselves: leave obs_norm off; for other observations normalise in the env "
+                "(env_kwargs vector_wrappers=[{class_path: gymnasium.wrappers.vector.NormalizeObservation}])."
+            )
+        return ObservationNormalizer(tuple(obs_shape), clip=self.config.obs_clip)
 
     @classmethod
     def from_spaces(cls, observation_space: Any, action_space: Any, **kwargs: Any) -> R2AC:
@@ -327,6 +353,8 @@ class R2AC(OnlineRecurrentModule):
         such tensors (Dict/Tuple observations, flat keys). x has the cell's dtype (under autocast the stem's output
         is bfloat16/float16; the cell's own layers still run under autocast)."""
         t, b = reward.shape[:2]
+        if self.obs_normalizer is not None:
+            obs = self.obs_normalizer(obs)
         flat = _map(obs, lambda v: v.reshape(t * b, *v.shape[2:]))
         feats = self.stem(flat).reshape(t, b, -1)
         x = torch.cat([feats, self._clip(reward.to(feats.dtype)).unsqueeze(-1)], dim=-1)
@@ -464,9 +492,11 @@ class R2AC(OnlineRecurrentModule):
         """One segment: the paper's single update (Lightning's automatic optimisation) or, with ``epochs *
         minibatches > 1``, that many optimiser steps (:meth:`several_passes`); then, with ``reward_norm``, the
         segment's returns join the running statistics (after the update, so that the actor and every pass saw the
-        same reward scale)."""
+        same reward scale); with ``obs_norm``, its observations join theirs."""
         result = super().training_step(batch, batch_idx) if self.automatic_optimization else self.several_passes(batch)
         self._update_return_statistics(batch)
+        if self.obs_normalizer is not None:  # entry 0 was the previous segment's entry M
+            self.obs_normalizer.update(batch.inputs[1:])
         return result
 
     def several_passes(self, segment: RolloutSegment) -> dict[str, Tensor]:

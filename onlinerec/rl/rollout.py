@@ -16,6 +16,8 @@ update comes after), so its carry at the segment end is the actor's state after 
 from which the next segment's entry 0 (= this entry M) is processed, by both. Entry M's bootstrap value is
 computed from that carry without gradient and without storing the result. By induction the two carries stay
 equal (up to float rounding), and the learner's RTRL sensitivities are exact for the weights in use.
+``RolloutDataModule(async_actor=True)`` gives this up for speed: a copy of the agent acts on a background thread with
+weights one update old, while the learner trains on the previous segment.
 """
 
 from __future__ import annotations
@@ -397,7 +399,8 @@ class RolloutStream:
 
 class _SegmentDataset(IterableDataset):
     """Endless segments from one persistent :class:`RolloutStream`; sized so Lightning does not prefetch
-    (a prefetched segment would be collected with weights one update old)."""
+    (a prefetched segment would be collected with weights one update old; ``async_actor`` does that on purpose, with an
+    actor copy whose weights are refreshed at a safe point: ``async_actor``)."""
 
     def __init__(self, datamodule: RolloutDataModule, length: int) -> None:
         self.datamodule = datamodule
@@ -409,7 +412,7 @@ class _SegmentDataset(IterableDataset):
     def __iter__(self) -> Iterator[RolloutSegment]:
         dm = self.datamodule
         for _ in range(self.length):
-            yield dm.stream.next_segment(dm.unroll_length)
+            yield dm.next_segment()
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -431,6 +434,13 @@ class RolloutDataModule(L.LightningDataModule):
             else 4 for Atari/DMLab ids and 1 otherwise.
         env_kwargs: extra keyword arguments for ``make_vector_env``.
         segments_per_epoch: segments in one Lightning epoch; None: the trainer's ``max_steps`` if set, else 1000.
+        async_actor: collect segment k + 1 on a background thread while the learner updates on segment k, so that acting
+            and env steps run beside the learner's forward, backward and optimiser step. The actor is then a copy of
+            the agent whose parameters and buffers are refreshed from the learner's before each segment: it acts with
+            weights one update old (V-trace's importance weights correct for that, as they do for IMPALA's actors),
+            and the learner's carry, computed with the newer weights, is no longer equal to the actor's state. Off by
+            default (the paper's R2AC acts with the current weights). Measured: ~1.5x frames/s on an idle 2-core
+            machine, no gain when other jobs hold the cores (docs/performance.md#overlapping-acting-with-learning).
     """
 
     def __init__(
@@ -441,6 +451,7 @@ class RolloutDataModule(L.LightningDataModule):
         action_repeat: int | None = None,
         env_kwargs: dict[str, Any] | None = None,
         segments_per_epoch: int | None = None,
+        async_actor: bool = False,
     ) -> None:
         super().__init__()
         if num_envs < 1:
@@ -451,8 +462,10 @@ class RolloutDataModule(L.LightningDataModule):
         self.env_kwargs = dict(env_kwargs or {})
         self.action_repeat = None if action_repeat is None else int(action_repeat)
         self.segments_per_epoch = segments_per_epoch
+        self.async_actor = bool(async_actor)
         self.stream: RolloutStream | None = None
         self._frames = 0
+        self._background: _BackgroundActor | None = None  # async_actor: the actor copy and the segment in flight
         self._restarts = 0  # resumes so far: each re-seeds the envs so that resumed runs do not replay episodes
 
     # -- envs -----------------------------------------------------------------------------------
@@ -505,8 +518,18 @@ class RolloutDataModule(L.LightningDataModule):
 
     @property
     def frames(self) -> int:
-        """Env frames collected on this process so far (agent steps x action repeat)."""
+        """Env frames on this process so far (agent steps x action repeat) in the segments handed to the learner (with
+        ``async_actor``, the segment still being collected is not counted: a checkpoint does not hold it)."""
+        if self._background is not None:
+            return self._background.handed_frames
         return self.stream.frames if self.stream is not None else self._frames
+
+    def next_segment(self) -> RolloutSegment:
+        """The learner's next segment of M = ``unroll_length`` steps (with ``async_actor``, the one collected in the
+        background; the next is started at once)."""
+        if self._background is not None:
+            return self._background.next_segment(self.unroll_length)
+        return self.stream.next_segment(self.unroll_length)
 
     # -- Lightning hooks ----------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
@@ -519,13 +542,16 @@ class RolloutDataModule(L.LightningDataModule):
                 )
             seed = run_env_seed(self.seed, purpose="train", rank=trainer.global_rank, restart=self._restarts)
             env = self.make_env(self.num_envs, seed)
+            actor = actor_copy(agent) if self.async_actor else agent
             try:
                 self.stream = RolloutStream(
-                    env, agent, self.resolve_action_repeat(env), agent.device, frames=self._frames
+                    env, actor, self.resolve_action_repeat(env), agent.device, frames=self._frames
                 )
             except BaseException:
                 getattr(env, "close", lambda: None)()  # e.g. an agent built for another action count
                 raise
+            if self.async_actor:
+                self._background = _BackgroundActor(self.stream, agent, self._frames)
         length = self.segments_per_epoch
         if length is None:
             length = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else 1000
@@ -533,7 +559,10 @@ class RolloutDataModule(L.LightningDataModule):
 
     def teardown(self, stage: str) -> None:
         if self.stream is not None:
-            self._frames = self.stream.frames
+            self._frames = self.frames
+            if self._background is not None:  # the env may close only once the thread has finished with it
+                self._background.close()
+                self._background = None
             self.stream.close()
             self.stream = None
 
@@ -545,3 +574,69 @@ class RolloutDataModule(L.LightningDataModule):
         self._restarts = int(state_dict.get("restarts", 0)) + 1
         if self.stream is not None:
             self.stream.frames = self._frames
+        if self._background is not None:
+            self._background.handed_frames = self._frames
+
+
+def actor_copy(agent: Any) -> Any:
+    """A copy of ``agent`` for acting on another thread (``async_actor``): its own parameters, buffers and carried states,
+    no trainer, no carried states copied (the first segment starts every stream afresh)."""
+    import copy
+
+    memo: dict[int, Any] = {}
+    trainer = getattr(agent, "_trainer", None)
+    if trainer is not None:
+        memo[id(trainer)] = None
+    carries = getattr(agent, "_carries", None)
+    if isinstance(carries, dict):
+        memo[id(carries)] = {}  # the learner's carries (with RTRL's sensitivities) are not the actor's
+    replica = copy.deepcopy(agent, memo)
+    if hasattr(agent, "_method") and getattr(replica, "_method", None) is None:
+        replica._method = None  # acting streams run without a gradient method (OnlineRecurrentModule.unroll)
+    return replica
+
+
+class _BackgroundActor:
+    """``async_actor``: one thread collects the next segment with :func:`actor_copy` while the learner trains on the
+    current one. The copy's parameters and buffers are refreshed from the learner's in the training thread, between
+    optimiser steps, just before each collection starts."""
+
+    def __init__(self, stream: RolloutStream, learner: Any, frames: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.stream = stream
+        self.handed_frames = int(frames)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="onlinerec-actor")
+        self._pending: Any = None
+        actor = stream.agent
+        self._pairs = [  # (actor's tensor, learner's tensor): parameters and buffers (e.g. the normalisers' statistics)
+            (mine, learner.state_dict(keep_vars=True)[name]) for name, mine in actor.state_dict(keep_vars=True).items()
+        ]
+
+    @torch.no_grad()
+    def _refresh(self) -> None:
+        for mine, theirs in self._pairs:
+            mine.copy_(theirs)
+
+    def next_segment(self, m: int) -> RolloutSegment:
+        if self._pending is None:  # the first segment: collected now, with the current weights
+            self._refresh()
+            segment = self.stream.next_segment(m)
+        else:
+            try:
+                segment = self._pending.result()
+            except BaseException:
+                self._pending = None  # the error is the caller's now: stop the thread with it
+                self.close()
+                raise
+        self._refresh()
+        self._pending = self._pool.submit(self.stream.next_segment, m)
+        self.handed_frames = segment.frames
+        return segment
+
+    def close(self) -> None:
+        """Wait for the segment in flight (it is dropped) and stop the thread."""
+        if self._pending is not None:
+            self._pending.exception()  # waits; an error there matters no more than the segment
+            self._pending = None
+        self._pool.shutdown(wait=True)

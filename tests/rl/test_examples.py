@@ -187,6 +187,21 @@ def test_a_resume_continues_only_the_same_experiment(tmp_path, capsys):
                 [*base, *shared, "--hidden_size", "5", "--core_norm", "true", "--allow_config_change", "true"]
             )
         )
+    with pytest.raises(ValueError, match=r"network differs from this one \(r2ac.obs_norm, r2ac.reward_norm\)"):
+        run_experiment(  # the normalisers' statistics are checkpointed buffers: they do not fit either
+            parse_experiment(
+                [
+                    *base,
+                    *shared,
+                    "--r2ac.obs_norm",
+                    "true",
+                    "--r2ac.reward_norm",
+                    "true",
+                    "--allow_config_change",
+                    "true",
+                ]
+            )
+        )
     changed = run_experiment(parse_experiment([*base, *shared, "--M", "2", "--allow_config_change", "true"]))
     assert changed["updates"] > 0
     assert json.loads((tmp_path / "one" / "config_changes.json").read_text()) == [{"M": {"was": 4, "now": 2}}]

@@ -24,7 +24,7 @@ from onlinerec.gradients import RTRL
 from onlinerec.gradients.carry import Carry, StackCarry
 from onlinerec.rl import R2AC, R2ACConfig, RolloutDataModule, RolloutSegment, RolloutStream, vtrace
 from onlinerec.rl.envs import make_vector_env
-from onlinerec.rl.normalize import ReturnNormalizer, discounted_returns
+from onlinerec.rl.normalize import ObservationNormalizer, ReturnNormalizer, discounted_returns
 
 torch.set_num_threads(1)
 
@@ -335,6 +335,87 @@ def test_reward_norm_exports_with_the_scale_at_export_time(tmp_path):
     torch.testing.assert_close(got, want)
 
 
+# -- observation normalisation ----------------------------------------------------------------------------------------
+def test_observation_statistics_are_per_feature_and_the_forward_centres_scales_and_clips():
+    gen = torch.Generator().manual_seed(1)
+    norm = ObservationNormalizer((3,), clip=2.0)
+    scale, shift = torch.tensor([0.01, 1.0, 50.0], dtype=torch.float64), torch.tensor([5.0, -1.0, 0.0])
+    batches = [torch.randn(4, 6, 3, generator=gen, dtype=torch.float64) * scale + shift for _ in range(3)]
+    for x in batches:
+        norm.update(x)
+    everything = torch.cat([x.reshape(-1, 3) for x in batches])
+    n, prior = everything.shape[0], 1e-4  # the prior: mean 0, var 1, weight 1e-4 (sb3's RunningMeanStd)
+    mean, var = everything.mean(0), everything.var(0, correction=0)
+    torch.testing.assert_close(norm.mean, mean * n / (n + prior), rtol=1e-12, atol=1e-15)
+    want_var = (prior + n * var + mean**2 * prior * n / (n + prior)) / (n + prior)  # all samples pooled with the prior
+    torch.testing.assert_close(norm.var, want_var, rtol=1e-9, atol=0)
+    obs = torch.tensor([[5.0, -1.0, 0.0], [5.1, 3.0, -500.0]])
+    want = ((obs.double() - norm.mean) / (norm.var + 1e-8).sqrt()).clamp(-2, 2).float()
+    torch.testing.assert_close(norm(obs), want)
+    assert norm(obs)[1].tolist() == [2.0, 2.0, -2.0]  # the clip
+    with pytest.raises(ValueError, match=r"samples of shape \(3,\)"):
+        norm.update(torch.zeros(4, 2))
+
+
+def test_obs_norm_feeds_the_stem_normalised_observations_and_counts_every_new_entry():
+    model = tiny(R2ACConfig(obs_norm=True, obs_clip=0.0))
+    assert {"obs_normalizer.mean", "obs_normalizer.var", "obs_normalizer.count"} <= set(model.state_dict())
+    model.obs_normalizer.mean.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    model.obs_normalizer.var.fill_(4.0)
+    obs, reward = torch.randn(2, 3, 4), torch.zeros(2, 3)
+    want = model.stem(((obs - model.obs_normalizer.mean.float()) / 2.0).reshape(6, 4)).reshape(2, 3, -1)
+    torch.testing.assert_close(model.features(obs, reward)[..., :-1], want, rtol=1e-5, atol=1e-6)
+
+    segments = record(4)
+    fresh = tiny(R2ACConfig(obs_norm=True))
+    fit(fresh, segments)
+    seen = torch.cat([s.inputs[1:].reshape(-1, 4) for s in segments]).double()  # entry 0 repeats the last entry M
+    assert float(fresh.obs_normalizer.count) == pytest.approx(4 * M * B, abs=1e-3)
+    torch.testing.assert_close(fresh.obs_normalizer.mean, seen.mean(0), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "what"),
+    [
+        ({"obs_shape": (3, 8, 8), "stem": "nature"}, r"shape \(3, 8, 8\)"),
+        ({"obs_shape": (2, 4), "stem": "mlp"}, r"shape \(2, 4\)"),
+    ],
+    ids=["image", "matrix"],
+)
+def test_obs_norm_on_observations_that_are_not_flat_vectors_names_the_alternative(kwargs, what):
+    with pytest.raises(ValueError, match=what) as err:
+        R2AC(2, cell="elstm", hidden_size=N, fc_size=5, config=R2ACConfig(obs_norm=True), **kwargs)
+    assert "NormalizeObservation" in str(err.value)
+
+
+def test_obs_norm_statistics_survive_a_checkpoint_and_the_resume_is_exact(tmp_path):
+    segments = record(6)
+    cfg = R2ACConfig(obs_norm=True, reward_norm=True, epochs=2, total_updates=40, lr=1e-2)
+    straight = tiny(cfg)
+    fit(straight, segments)
+    first = tiny(cfg)
+    save = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
+    fit(first, segments, max_steps=6, callbacks=[save])
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    torch.testing.assert_close(saved["state_dict"]["obs_normalizer.mean"], first.obs_normalizer.mean)
+    resumed = tiny(cfg)
+    fit(resumed, segments[3:] + segments[:3], ckpt_path=tmp_path / "last.ckpt", max_steps=12)
+    assert_same(straight, resumed)  # weights and both normalisers' buffers, bit for bit
+
+
+def test_obs_norm_exports_with_the_statistics_at_export_time(tmp_path):
+    model = tiny(R2ACConfig(obs_norm=True))
+    model.obs_normalizer.mean.copy_(torch.tensor([3.0, -3.0, 0.5, 0.0]))
+    model.obs_normalizer.var.copy_(torch.tensor([0.01, 9.0, 1.0, 100.0]))
+    policy = torch.jit.load(str(model.export(tmp_path / "p.pt", output="params")))
+    obs, reset, reward = torch.randn(2, 4), torch.ones(2, dtype=torch.bool), torch.tensor([1.0, 0.0])
+    got, _ = policy(obs, reset, policy.initial_state(2), reward)
+    _, want = model.act(obs, reward, reset, stream="check")
+    torch.testing.assert_close(got, want)
+    _, plain = tiny(R2ACConfig()).act(obs, reward, reset, stream="check")  # same weights (seed), no normalisation
+    assert not torch.allclose(want, plain)
+
+
 # -- advantages, reductions, PPO's ratio -------------------------------------------------------------------------------
 def test_advantage_norm_gives_zero_mean_unit_std_advantages():
     seg = record(1)[0]
@@ -476,7 +557,7 @@ def test_runner_takes_the_new_fields_and_counts_optimiser_steps():
 
 
 # -- DDP ----------------------------------------------------------------------------------------------------------
-DDP_CONFIG = dict(lr=0.0, grad_clip=0.0, epochs=2, reward_norm=True)
+DDP_CONFIG = dict(lr=0.0, grad_clip=0.0, epochs=2, reward_norm=True, obs_norm=True)
 
 
 class _RankStreams(L.LightningDataModule):
@@ -509,14 +590,14 @@ def _ddp_main(out: Path) -> None:
         callbacks=[grads],
     )
     trainer.fit(model, _RankStreams(segments))
-    stats = {k: v.clone() for k, v in model.return_normalizer.state_dict().items()}
+    stats = {k: v.clone() for k, v in model.state_dict().items() if "normalizer." in k}
     torch.save({"grads": [g for _, g in grads.steps], "stats": stats}, out / f"rank{trainer.global_rank}.pt")
 
 
 @pytest.mark.slow
 def test_ddp_two_ranks_take_the_one_process_gradient_of_every_pass(tmp_path):
     """2 ranks x 2 streams with 2 passes per segment (several manual_backward calls per step under DDP): every
-    optimiser step's all-reduced gradient, and the reward-norm statistics, equal 1 process x 4 streams (float64)."""
+    optimiser step's all-reduced gradient, and the reward- and observation-norm statistics, equal 1 process x 4 streams (float64)."""
     segments = record(3, torch.float64)
     torch.save([{f.name: getattr(s, f.name) for f in fields(s)} for s in segments], tmp_path / "segments.pt")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
@@ -539,7 +620,9 @@ def test_ddp_two_ranks_take_the_one_process_gradient_of_every_pass(tmp_path):
         for k, ((_, want), have) in enumerate(zip(grads.steps, got["grads"])):
             for name, value in want.items():
                 torch.testing.assert_close(have[name], value, rtol=1e-9, atol=1e-12, msg=f"rank {r} step {k}: {name}")
-        for name, value in single.return_normalizer.state_dict().items():
+        want_stats = {k: v for k, v in single.state_dict().items() if "normalizer." in k}
+        assert set(got["stats"]) == set(want_stats) and len(want_stats) == 6  # returns' and observations' statistics
+        for name, value in want_stats.items():
             torch.testing.assert_close(got["stats"][name], value, rtol=1e-12, atol=0, msg=name)
 
 

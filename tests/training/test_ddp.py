@@ -192,10 +192,10 @@ def r2ac_main(out: Path, devices: int) -> None:
     """R2AC (RTRL, eLSTM, tiny MLP stem) on the built-in T-maze: 3 steps on 2 processes, checkpointed, resumed to 5."""
     from onlinerec.rl import R2AC, RolloutDataModule
 
-    def run(steps, ckpt_path=None, callbacks=()):
+    def run(steps, ckpt_path=None, callbacks=(), async_actor=False):
         torch.manual_seed(0)
         model = R2AC(2, (4,), cell="elstm", hidden_size=8, stem="mlp", fc_size=8)
-        dm = RolloutDataModule("memory:tmaze", num_envs=R2AC_ENVS, env_kwargs=dict(length=3))
+        dm = RolloutDataModule("memory:tmaze", num_envs=R2AC_ENVS, env_kwargs=dict(length=3), async_actor=async_actor)
         trainer = L.Trainer(
             strategy=RTRLStrategy(M=M),
             accelerator="cpu",
@@ -225,6 +225,8 @@ def r2ac_main(out: Path, devices: int) -> None:
     }
     trainer2, model2, dm2 = run(R2AC_STEPS + 2, ckpt_path=ckdir / f"epoch=0-step={R2AC_STEPS}.ckpt")
     result.update(resumed_step=trainer2.global_step, resumed_dm_frames=dm2.frames)
+    _, model3, dm3 = run(R2AC_STEPS, async_actor=True)  # each rank's actor on its own thread
+    result.update(async_params={k: v.detach().clone() for k, v in model3.state_dict().items()}, async_frames=dm3.frames)
     torch.save(result, out / f"r2ac_rank{rank}.pt")
 
 
@@ -363,7 +365,8 @@ def test_ddp_ranks_training_on_the_same_streams_are_refused(ddp_run):
 
 def test_ddp_r2ac_trains_on_two_processes_and_resumes(ddp_run):
     """R2AC on 2 processes: ranks stay in sync, act in different envs, count frames of both, and resume from a
-    checkpoint holding both ranks' carried state (train and act streams)."""
+    checkpoint holding both ranks' carried state (train and act streams); with ``async_actor`` the ranks stay in
+    sync as well."""
     res = [torch.load(ddp_run / f"r2ac_rank{r}.pt", weights_only=True) for r in (0, 1)]
     for name, value in res[0]["params"].items():
         torch.testing.assert_close(
@@ -375,6 +378,10 @@ def test_ddp_r2ac_trains_on_two_processes_and_resumes(ddp_run):
         per_rank = R2AC_STEPS * M * R2AC_ENVS
         assert r["dm_frames"] == per_rank and r["frames"] == 2 * per_rank  # the logged count covers all ranks
         assert r["resumed_step"] == R2AC_STEPS + 2 and r["resumed_dm_frames"] == (R2AC_STEPS + 2) * M * R2AC_ENVS
+    for name, value in res[0]["async_params"].items():  # with background actors too
+        torch.testing.assert_close(res[1]["async_params"][name], value, rtol=0, atol=0, msg=name)
+    assert not torch.equal(res[0]["async_params"]["baseline.weight"], res[0]["params"]["baseline.weight"])
+    assert res[0]["async_frames"] == res[1]["async_frames"] == R2AC_STEPS * M * R2AC_ENVS
     saved = torch.load(ddp_run / "r2ac_ckpts" / f"epoch=0-step={R2AC_STEPS}.ckpt", weights_only=True)
     assert saved["onlinerec"]["world_size"] == 2
     for r in (0, 1):
