@@ -275,6 +275,10 @@ def config_changes(stored: dict[str, Any], cfg: ExperimentConfig) -> dict[str, t
     }
 
 
+class ConfigError(ValueError):
+    """The settings build no agent for this env (e.g. ``obs_norm`` with image observations); the message says why."""
+
+
 class RunFolderError(ValueError):
     """The run's ``out_dir`` holds another experiment: resuming would mix two runs' results."""
 
@@ -340,9 +344,12 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, verbose=False)
     out = cfg.run_dir
     ckpt_path = resume_point(cfg, out)
+    try:  # before anything is written: settings that build no agent for this env leave no folder behind
+        model, dm, strategy, updates = build(cfg)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
-    model, dm, strategy, updates = build(cfg)
 
     loggers: list[Any] = [CSVLogger(out, name="csv")]  # csv/version_<k>/metrics.csv: one per (resumed) run
     if cfg.tensorboard:
@@ -501,7 +508,7 @@ def main(
     except MissingBackendError as err:
         print(f"error: {cfg.env} needs a backend that is not installed.\n{err}", file=sys.stderr)
         return 2
-    except (RunFolderError, FileExistsError, CorruptCheckpointError) as err:  # the out_dir cannot be used as it is
+    except (ConfigError, RunFolderError, FileExistsError, CorruptCheckpointError) as err:  # settings or out_dir
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

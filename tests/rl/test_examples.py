@@ -270,3 +270,15 @@ def test_the_copy_task_yaml_explains_what_differs_from_the_classes():
         params = inspect.signature(cls).parameters
         for key, value in values[section]["init_args"].items():
             assert value == params[key].default or _commented(text, key), f"copy_task.yaml {section}.{key} has no why"
+
+
+def test_settings_that_build_no_agent_are_a_one_line_error_and_write_nothing(tmp_path, capsys):
+    pytest.importorskip("ale_py", reason="needs the atari extra")
+    from onlinerec.rl.runner import main
+
+    out = tmp_path / "pong"
+    argv = ["--env", "ALE/Pong-v5", "--r2ac.obs_norm", "true", "--total_frames", "100", "--out_dir", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: R2ACConfig.obs_norm normalises flat vector observations") and "Traceback" not in err
+    assert not out.exists()  # no config.json for a run that never started
