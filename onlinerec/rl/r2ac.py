@@ -261,7 +261,7 @@ class R2AC(OnlineRecurrentModule):
         self.observation_space_spec = obs_spec
         self.num_actions: int | None = action_spec["n"] if action_spec["type"] == "Discrete" else None
         self.obs_shape = obs_shape
-        self.obs_normalizer = self._obs_normalizer(obs_shape, obs_spec, stem)
+        self.obs_normalizer = self._obs_normalizer(obs_shape)
         if obs_shape is None or (obs_spec is not None and is_image_spec(obs_spec) and is_channels_last(obs_shape)):
             self.stem: nn.Module = DictStem(obs_spec, fc_size, image_stem=stem)  # per key; or an HWC image
         else:
@@ -282,14 +282,12 @@ class R2AC(OnlineRecurrentModule):
         )
         self.baseline = nn.Linear(head_in, 1)
 
-    def _obs_normalizer(self, obs_shape: Any, obs_spec: Any, stem: str) -> ObservationNormalizer | None:
-        """``obs_norm``'s running statistics, after checking that the observations are flat vectors."""
+    def _obs_normalizer(self, obs_shape: Any) -> ObservationNormalizer | None:
+        """``obs_norm``'s running statistics, after checking that the observations are flat vectors (not images, not
+        Dict/Tuple observations, whose ``obs_shape`` is None)."""
         if not self.config.obs_norm:
             return None
-        image = obs_shape is not None and (
-            (obs_spec is not None and is_image_spec(obs_spec)) or (obs_spec is None and len(obs_shape) == 3)
-        )
-        if obs_shape is None or image or len(obs_shape) != 1:
+        if obs_shape is None or len(obs_shape) != 1:
             seen = "Dict/Tuple observations" if obs_shape is None else f"observations of shape {tuple(obs_shape)}"
             raise ValueError(
                 f"R2ACConfig.obs_norm normalises flat vector observations, but this agent reads {seen}. Image stems "

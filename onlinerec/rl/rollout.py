@@ -400,7 +400,7 @@ class RolloutStream:
 class _SegmentDataset(IterableDataset):
     """Endless segments from one persistent :class:`RolloutStream`; sized so Lightning does not prefetch
     (a prefetched segment would be collected with weights one update old; ``async_actor`` does that on purpose, with an
-    actor copy whose weights are refreshed at a safe point: ``async_actor``)."""
+    actor copy whose weights are refreshed between optimiser steps)."""
 
     def __init__(self, datamodule: RolloutDataModule, length: int) -> None:
         self.datamodule = datamodule
@@ -579,8 +579,9 @@ class RolloutDataModule(L.LightningDataModule):
 
 
 def actor_copy(agent: Any) -> Any:
-    """A copy of ``agent`` for acting on another thread (``async_actor``): its own parameters, buffers and carried states,
-    no trainer, no carried states copied (the first segment starts every stream afresh)."""
+    """A copy of ``agent`` for acting on another thread (``async_actor``): its own parameters and buffers, no trainer,
+    and no carried states (the learner's keep RTRL's sensitivities; the first segment starts every stream afresh).
+    Acting streams need no gradient method (``OnlineRecurrentModule.unroll``), so the copy needs no strategy."""
     import copy
 
     memo: dict[int, Any] = {}
@@ -590,10 +591,7 @@ def actor_copy(agent: Any) -> Any:
     carries = getattr(agent, "_carries", None)
     if isinstance(carries, dict):
         memo[id(carries)] = {}  # the learner's carries (with RTRL's sensitivities) are not the actor's
-    replica = copy.deepcopy(agent, memo)
-    if hasattr(agent, "_method") and getattr(replica, "_method", None) is None:
-        replica._method = None  # acting streams run without a gradient method (OnlineRecurrentModule.unroll)
-    return replica
+    return copy.deepcopy(agent, memo)
 
 
 class _BackgroundActor:
@@ -608,9 +606,9 @@ class _BackgroundActor:
         self.handed_frames = int(frames)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="onlinerec-actor")
         self._pending: Any = None
-        actor = stream.agent
+        theirs = learner.state_dict(keep_vars=True)
         self._pairs = [  # (actor's tensor, learner's tensor): parameters and buffers (e.g. the normalisers' statistics)
-            (mine, learner.state_dict(keep_vars=True)[name]) for name, mine in actor.state_dict(keep_vars=True).items()
+            (mine, theirs[name]) for name, mine in stream.agent.state_dict(keep_vars=True).items()
         ]
 
     @torch.no_grad()
