@@ -1,7 +1,10 @@
 """End-to-end R2AC training throughput on Atari: RTRL vs TBPTT, vs the bare env, vs sb3-contrib's RecurrentPPO.
 
-Configurations (same env construction for all: ``onlinerec.rl.envs.make_vector_env(env_id, B, seed)``, i.e.
-ale-py's native vector env with 84x84 gray frames, a stack of 4, frame skip 4 with max-pool, episodic life):
+Configurations (same env construction for onlinerec's and SB3's: ``onlinerec.rl.envs.make_vector_env(env_id, B,
+seed, backend="native", fire_on_life_loss=False)``, i.e. ale-py's C++ vector env with 84x84 gray frames, a stack of
+4, frame skip 4 with max-pool, episodic life, FIRE pressed at reset only; ``--atari-backend torchbeast`` builds the
+paper's Python wrapper stack instead, the library's default for games with FIRE, which also presses FIRE after a lost
+life, ~2x the env's CPU cost):
 
 - ``env``: the raw vector env stepped with uniformly random actions (no agent), in chunks of M steps.
 - ``r2ac-rtrl`` / ``r2ac-tbptt``: R2AC trained by ``lightning.Trainer`` with ``RTRLStrategy(M)`` /
@@ -61,6 +64,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import types
 import warnings
@@ -114,12 +118,15 @@ class TimedEnv:
         return getattr(self.env, name)
 
 
-def make_env(env_id: str, num_envs: int, seed: int) -> TimedEnv:
+def make_env(env_id: str, num_envs: int, seed: int, backend: str = "native") -> TimedEnv:
+    """onlinerec's Atari vector env for the env, R2AC and RecurrentPPO configurations (``Options.atari_backend``)."""
     if REPO not in sys.path:
         sys.path.insert(0, REPO)
     from onlinerec.rl.envs import make_vector_env
 
-    return TimedEnv(make_vector_env(env_id, num_envs, seed=seed))
+    # ale-py's native vector env cannot press FIRE for one stream after a lost life: the agent learns to press it
+    kwargs = {"backend": "native", "fire_on_life_loss": False} if backend == "native" else {"backend": backend}
+    return TimedEnv(make_vector_env(env_id, num_envs, seed=seed, **kwargs))
 
 
 def sb3_vec_env(env: TimedEnv):
@@ -196,6 +203,10 @@ class Options:
 
     env_id: str = "ALE/Breakout-v5"
     """Atari env id for ``make_vector_env``."""
+    atari_backend: str = "native"
+    """onlinerec's Atari backend (env, R2AC, RecurrentPPO): "native" (ale-py's C++ vector env; FIRE is pressed at
+    reset only, so after a lost life the agent presses it itself) or "torchbeast" (the paper's Python wrapper stack,
+    which also presses FIRE after a lost life, as the peers' wrappers do; the library's default for games with FIRE)."""
     num_envs: int = 8
     """B, parallel envs."""
     M: int = 32
@@ -271,7 +282,7 @@ class _Marks:
 
 
 def run_env(opts: Options) -> RunResult:
-    env = make_env(opts.env_id, opts.num_envs, opts.seed)
+    env = make_env(opts.env_id, opts.num_envs, opts.seed, opts.atari_backend)
     env.reset()
     return time_random_actions(env, "env", opts)
 
@@ -335,7 +346,10 @@ def run_r2ac(
             return loader
 
     dm = TimedRollouts(
-        lambda n, seed: make_env(opts.env_id, n, seed), num_envs=opts.num_envs, seed=opts.seed, async_actor=async_actor
+        lambda n, seed: make_env(opts.env_id, n, seed, opts.atari_backend),
+        num_envs=opts.num_envs,
+        seed=opts.seed,
+        async_actor=async_actor,
     )
     obs_shape, num_actions, _ = dm.env_spaces()
     model = R2AC(num_actions, obs_shape, cell="elstm", hidden_size=256, stem=opts.stem, fc_size=256)
@@ -386,7 +400,7 @@ def run_recurrentppo(opts: Options) -> RunResult:
     from stable_baselines3.common.callbacks import BaseCallback
 
     torch.manual_seed(opts.seed)
-    venv = sb3_vec_env(make_env(opts.env_id, opts.num_envs, opts.seed))
+    venv = sb3_vec_env(make_env(opts.env_id, opts.num_envs, opts.seed, opts.atari_backend))
     separate = opts.ppo_lstm == "separate"
     policy_kwargs = {
         "features_extractor_kwargs": {"features_dim": 256},
@@ -985,12 +999,26 @@ PEER_SETUP = """the peers live in their own virtualenvs (see benchmarks/README.m
   git clone https://github.com/vwxyzjn/cleanrl ~/peers/cleanrl && git -C ~/peers/cleanrl checkout fe8d8a03
 then pass --peers ~/peers (or set ONLINEREC_PEERS)"""
 
-NOT_LIKE_FOR_LIKE = """not like for like: sample-factory is asynchronous (its 2 rollout worker processes keep stepping while the learner
-  trains; policy lag) and its learner and workers use 1 torch thread each; the peers use gymnasium 0.29's Python
-  Atari wrappers on <Game>NoFrameskip-v4 (no sticky actions), onlinerec ale-py's C++ vector env on ALE/<Game>-v5
-  (sticky actions 0.25); cores: R2AC an eLSTM, the peers a full LSTM; losses: R2AC V-trace actor-critic with
-  RMSProp, the peers PPO's clipped loss with GAE and Adam; cleanrl as shipped: its own network (1 frame, fc 512,
-  LSTM 128), 128 steps and 4 epochs x 4 minibatches per rollout. Compare the env-subtracted CPU cost for the agents."""
+
+def not_like_for_like(atari_backend: str) -> str:
+    """What differs between the systems beyond speed (printed under the tables)."""
+    env = (
+        "onlinerec ale-py's C++ vector env on ALE/<Game>-v5 (FIRE pressed at reset only: after a lost life the agent "
+        "presses it itself, where the peers' wrappers press it; --atari-backend torchbeast gives the paper's Python "
+        "stack, which does)"
+        if atari_backend == "native"
+        else "onlinerec the paper's Python wrapper stack (torchbeast's, FIRE after a lost life) over ALE/<Game>-v5"
+    )
+    text = (
+        "not like for like: sample-factory is asynchronous (its 2 rollout worker processes keep stepping while the "
+        "learner trains; policy lag), as is r2ac-rtrl-async (one actor thread, one update behind); sample-factory's "
+        "learner and workers use 1 torch thread each; the peers use gymnasium 0.29's Python Atari wrappers on "
+        f"<Game>NoFrameskip-v4, {env}; no sticky actions anywhere; cores: R2AC an eLSTM, the peers a full LSTM; "
+        "losses: R2AC V-trace actor-critic with RMSProp, the peers PPO's clipped loss with GAE and Adam; cleanrl as "
+        "shipped: its own network (1 frame, fc 512, LSTM 128), 128 steps and 4 epochs x 4 minibatches per rollout. "
+        "Compare the env-subtracted CPU cost for the agents."
+    )
+    return textwrap.fill(text, width=118, subsequent_indent="  ")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -998,6 +1026,13 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=PEER_SETUP
     )
     ap.add_argument("--env", default="ALE/Breakout-v5", help="Atari env id (default ALE/Breakout-v5)")
+    ap.add_argument(
+        "--atari-backend",
+        choices=("native", "torchbeast"),
+        default="native",
+        help="onlinerec's Atari env for env, R2AC and RecurrentPPO: ale-py's C++ vector env (default; no FIRE after "
+        "a lost life) or the paper's Python wrapper stack (FIRE after a lost life, as the peers' wrappers)",
+    )
     ap.add_argument("--num-envs", type=int, default=8, help="B, parallel envs (default 8)")
     ap.add_argument(
         "--M",
@@ -1077,6 +1112,7 @@ def main(argv: list[str] | None = None) -> None:
     q = args.quick
     opts = Options(
         env_id=args.env,
+        atari_backend=args.atari_backend,
         num_envs=args.num_envs,
         M=args.M or (8 if q else 32),
         warmup=args.warmup if args.warmup is not None else (1 if q else 3),
@@ -1117,7 +1153,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"setup: {opts.env_id}, B = {opts.num_envs} envs, M = {opts.M} steps per update ({opts.M * opts.num_envs * FRAME_SKIP} frames), "
         f"{opts.warmup} warm-up + {opts.updates} timed updates per run, {reps} interleaved runs per configuration"
-        f"{' (in process)' if in_process else ' (fresh subprocess each)'}; R2AC stem: {opts.stem}; RecurrentPPO LSTM: {opts.ppo_lstm}"
+        f"{' (in process)' if in_process else ' (fresh subprocess each)'}; onlinerec Atari env: {opts.atari_backend}; R2AC stem: {opts.stem}; RecurrentPPO LSTM: {opts.ppo_lstm}"
     )
     if sf_python or cleanrl_dir:
         print(f"peers: sample-factory {sf_python or '-'}; cleanrl {cleanrl_python or '-'} with {cleanrl_dir or '-'}")
@@ -1173,7 +1209,7 @@ def report(summaries: dict[str, Summary], runs: dict[str, list[RunResult]], opts
         print(f"  {c:<14} per-run medians s/update: " + " ".join(f"{statistics.median(r.update):.3f}" for r in rs))
     print(f"load average after: {load()}")
     if any(c in summaries for c in PEERS_SF + PEERS_CLEANRL):
-        print(NOT_LIKE_FOR_LIKE)
+        print(not_like_for_like(opts.atari_backend))
 
     def fps_ratio(num: str, den: str, attr: str = "fps") -> str:
         if num not in summaries or den not in summaries:

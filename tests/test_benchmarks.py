@@ -39,6 +39,7 @@ def test_r2ac_throughput_quick():
     pytest.importorskip("sb3_contrib", reason="needs the bench extra: pip install -e '.[bench]'")
     proc = run_quick("r2ac_throughput.py", "--threads", "1", "--peers", "")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "onlinerec Atari env: native" in proc.stdout, proc.stdout  # ale-py's C++ vector env, as the docstring says
     last = proc.stdout.strip().splitlines()[-1]
     number = r"\d+(\.\d+)?"
     assert re.fullmatch(
@@ -49,7 +50,7 @@ def test_r2ac_throughput_quick():
 
 
 def test_r2ac_throughput_quick_variants():
-    """The before-issue-15 stem and the background actor run (only ale-py needed)."""
+    """The before-issue-15 stem and the background actor run (only ale-py needed), on the paper's Python env stack."""
     pytest.importorskip("ale_py", reason="needs the atari extra: pip install -e '.[atari]'")
     proc = run_quick(
         "r2ac_throughput.py",
@@ -59,8 +60,11 @@ def test_r2ac_throughput_quick_variants():
         "",
         "--configs",
         "env,r2ac-rtrl,r2ac-rtrl-nchw,r2ac-rtrl-async",
+        "--atari-backend",
+        "torchbeast",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "onlinerec Atari env: torchbeast" in proc.stdout, proc.stdout
     assert re.search(r"^r2ac-rtrl-nchw +\d+", proc.stdout, re.M), proc.stdout
     assert re.search(r"^r2ac-rtrl-async +\d+", proc.stdout, re.M), proc.stdout
     last = proc.stdout.strip().splitlines()[-1]

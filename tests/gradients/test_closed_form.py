@@ -1,5 +1,5 @@
 """A cell's optional closed-form local derivatives (``recurrence_derivatives``): used only after they match autodiff,
-refused with a clear error when they do not, and RTRL stays exact with them (the LRU's)."""
+refused with a clear error when they do not, and RTRL stays exact with them (the LRU's and the eLSTM's)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from onlinerec import RTRL, ClosedFormMismatchError
-from onlinerec.cells import LRUCell
+from onlinerec.cells import ELSTMCell, LRUCell
 from onlinerec.gradients import derivatives
 from onlinerec.gradients.check import bptt_gradients, method_gradients
 from tests.helpers import rel_err
@@ -45,15 +45,27 @@ def _gradients(cell, problem, seg_len=3):
     return expected, got
 
 
-@pytest.mark.parametrize("train_gamma", [True, False])
-def test_lru_closed_form_is_used_and_rtrl_stays_exact(train_gamma, problem):
-    _, _, _, d, n = problem
-    torch.manual_seed(0)
-    cell = LRUCell(d, n, r_min=0.4, r_max=0.95, train_gamma=train_gamma).double()
-    expected, got = _gradients(cell, problem)
-    assert derivatives._CLOSED[cell]["recurrence"] is True
+def _assert_exact(cell, problem, closed: bool) -> None:
+    """RTRL's gradients equal full BPTT's (float64), with the closed form in use or not as ``closed`` says."""
+    expected, got = _gradients(cell.double(), problem)
+    assert derivatives._CLOSED[cell]["recurrence"] is closed
     for key in expected:
         assert rel_err(got[key], expected[key]) <= 1e-10, key
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d, n: LRUCell(d, n, r_min=0.4, r_max=0.95, train_gamma=True),
+        lambda d, n: LRUCell(d, n, r_min=0.4, r_max=0.95, train_gamma=False),
+        ELSTMCell,
+    ],
+    ids=["lru-train-gamma", "lru", "elstm"],
+)
+def test_closed_form_is_used_and_rtrl_stays_exact(make, problem):
+    _, _, _, d, n = problem
+    torch.manual_seed(0)
+    _assert_exact(make(d, n), problem, closed=True)
 
 
 def test_closed_form_equals_autodiff_at_a_live_point():
@@ -86,11 +98,7 @@ def test_a_wrong_closed_form_is_refused_before_it_trains(cls, says, problem):
 def test_declining_the_closed_form_falls_back_to_autodiff(problem):
     _, _, _, d, n = problem
     torch.manual_seed(0)
-    cell = AutodiffLRU(d, n).double()
-    expected, got = _gradients(cell, problem)
-    assert derivatives._CLOSED[cell]["recurrence"] is False
-    for key in expected:
-        assert rel_err(got[key], expected[key]) <= 1e-10, key
+    _assert_exact(AutodiffLRU(d, n), problem, closed=False)
 
 
 class WrongFarOutLRU(LRUCell):
@@ -115,3 +123,33 @@ def test_a_closed_form_wrong_only_on_live_states_is_caught_there():
         for _ in range(6):
             states, carry = method.unroll(cell, torch.full((5, 2, 3), 3.0), torch.zeros(5, 2, dtype=torch.bool), carry)
             states.sum().backward()
+
+
+class LeakyELSTM(ELSTMCell):
+    """A subclass that changes the step (a leak on the state): the eLSTM's closed form no longer applies."""
+
+    def recurrence(self, gates, c_prev):
+        return 0.9 * super().recurrence(gates, c_prev)
+
+
+def test_elstm_closed_form_equals_autodiff_at_a_live_point():
+    torch.manual_seed(1)
+    cell = ELSTMCell(4, 6).double()
+    params = {"recurrent_weight": cell.recurrent_weight.detach() * 5}  # large weights: every term matters
+    gates, c_prev = torch.randn(9, 2, 6, dtype=torch.float64), 2 * torch.randn(9, 6, dtype=torch.float64)
+    value, d_state, d_gates, d_params = cell.recurrence_derivatives(gates, c_prev, params)
+    auto = derivatives._forward_mode(cell, "recurrence", params, gates, c_prev)
+    with derivatives.substituted(cell, params):
+        assert torch.allclose(value, cell.recurrence(gates, c_prev), atol=1e-12)
+    assert torch.allclose(d_state, auto.d_state, atol=1e-12)
+    assert torch.allclose(d_gates, auto.d_gates, atol=1e-12)
+    assert torch.allclose(d_params["recurrent_weight"], auto.d_params["recurrent_weight"], atol=1e-12)
+
+
+def test_a_subclass_that_changes_the_elstm_step_gets_autodiff(problem):
+    _, _, _, d, n = problem
+    torch.manual_seed(0)
+    cell = LeakyELSTM(d, n).double()
+    gates, c_prev = torch.randn(3, 2, n, dtype=torch.float64), torch.randn(3, n, dtype=torch.float64)
+    assert cell.recurrence_derivatives(gates, c_prev, {}) is None
+    _assert_exact(cell, problem, closed=False)

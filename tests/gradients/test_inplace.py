@@ -143,12 +143,15 @@ def test_backward_after_the_next_donated_step_is_refused(problem):
     second.sum().backward()  # the latest step is fine
 
 
-def test_folding_the_lazy_scale_is_exact(problem, monkeypatch):
-    """With a range so narrow that units fold at almost every step (and whole streams at resets), still exact."""
+@pytest.mark.parametrize("gather_max", [1.0, 0.0], ids=["gathered-rows", "whole-tensor"])
+def test_folding_the_lazy_scale_is_exact(gather_max, problem, monkeypatch):
+    """With a range so narrow that units fold at almost every step (and whole streams at resets), still exact, whether
+    a fold gathers the rows it scales or multiplies the whole tensor."""
     inputs, reset, weights, d, n = problem
     cell = make(ELSTMCell, d, n)
     kept = run(RTRL(), cell, inputs, reset, weights, 1, donate=False)
     monkeypatch.setattr(sensitivity, "_scale_bounds", lambda dtype: (0.7, 1 / 0.7))
+    monkeypatch.setattr(sensitivity, "_GATHER_FOLD_MAX", gather_max)
     assert_same_run(kept, run(RTRL(), cell, inputs, reset, weights, 1, donate=True))
 
 
