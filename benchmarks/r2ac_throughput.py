@@ -125,7 +125,9 @@ def make_env(env_id: str, num_envs: int, seed: int, backend: str = "native") -> 
     from onlinerec.rl.envs import make_vector_env
 
     # ale-py's native vector env cannot press FIRE for one stream after a lost life: the agent learns to press it
-    kwargs = {"backend": "native", "fire_on_life_loss": False} if backend == "native" else {"backend": backend}
+    kwargs = {"backend": "native", "fire_on_life_loss": False} if backend == "native" else {"backend": "torchbeast"}
+    if backend == "torchbeast-async":  # the Python stack in one worker process per env
+        kwargs["vectorization"] = "async"
     return TimedEnv(make_vector_env(env_id, num_envs, seed=seed, **kwargs))
 
 
@@ -205,8 +207,9 @@ class Options:
     """Atari env id for ``make_vector_env``."""
     atari_backend: str = "native"
     """onlinerec's Atari backend (env, R2AC, RecurrentPPO): "native" (ale-py's C++ vector env; FIRE is pressed at
-    reset only, so after a lost life the agent presses it itself) or "torchbeast" (the paper's Python wrapper stack,
-    which also presses FIRE after a lost life, as the peers' wrappers do; the library's default for games with FIRE)."""
+    reset only, so after a lost life the agent presses it itself), "torchbeast" (the paper's Python wrapper stack,
+    which also presses FIRE after a lost life, as the peers' wrappers do; the library's default for games with FIRE)
+    or "torchbeast-async" (that stack with one worker process per env; their CPU time is counted)."""
     num_envs: int = 8
     """B, parallel envs."""
     M: int = 32
@@ -294,7 +297,9 @@ def time_random_actions(env, name: str, opts: Options) -> RunResult:
     result = RunResult(name, opts.M * opts.num_envs * FRAME_SKIP)
     rng = np.random.default_rng(opts.seed)
     n = int(env.single_action_space.n)
-    marks = _Marks(result, opts.warmup, lambda: env.step_seconds, lambda: env.step_seconds)
+    marks = _Marks(
+        result, opts.warmup, lambda: env.step_seconds, lambda: env.step_seconds, cpu_seconds=onlinerec_cpu_clock(opts)
+    )
     marks.mark()
     for _ in range(opts.warmup + opts.updates):
         for _ in range(opts.M):
@@ -357,7 +362,13 @@ def run_r2ac(
         model.stem.forward = types.MethodType(nchw_stem_forward, model.stem)
     name = f"r2ac-{method}" + ("-nchw" if nchw_stem else "") + ("-async" if async_actor else "")
     result = RunResult(name, opts.M * opts.num_envs * FRAME_SKIP)
-    marks = _Marks(result, opts.warmup, lambda: dm.stream.env.step_seconds, lambda: dm.rollout_seconds)
+    marks = _Marks(
+        result,
+        opts.warmup,
+        lambda: dm.stream.env.step_seconds,
+        lambda: dm.rollout_seconds,
+        cpu_seconds=onlinerec_cpu_clock(opts),
+    )
 
     class Timer(Callback):
         def on_train_start(self, trainer, pl_module) -> None:
@@ -424,7 +435,13 @@ def run_recurrentppo(opts: Options) -> RunResult:
     )
     result = RunResult("recurrentppo", m * b * FRAME_SKIP)
     rollout = {"seconds": 0.0, "start": 0.0}
-    marks = _Marks(result, opts.warmup, lambda: venv.step_seconds, lambda: rollout["seconds"])
+    marks = _Marks(
+        result,
+        opts.warmup,
+        lambda: venv.step_seconds,
+        lambda: rollout["seconds"],
+        cpu_seconds=onlinerec_cpu_clock(opts),
+    )
 
     class Timer(BaseCallback):
         def _on_rollout_start(self) -> None:
@@ -449,6 +466,31 @@ def run_recurrentppo(opts: Options) -> RunResult:
 def atari_game(env_id: str) -> str:
     """The game of an ALE id, "ALE/Breakout-v5" -> "Breakout" (the peers use gymnasium 0.29's v4 ids and their own wrapper stacks)."""
     return env_id.split("/", 1)[-1].split("-", 1)[0]
+
+
+def children_cpu_seconds() -> float:
+    """CPU time of this process plus its live child processes (the env workers of ``--atari-backend
+    torchbeast-async``), from /proc on Linux (no psutil needed in onlinerec's environment); elsewhere this process's."""
+    total = time.process_time()
+    if not os.path.isdir("/proc"):
+        return total
+    me, tick = os.getpid(), os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        except OSError:  # a process that just exited
+            continue
+        if int(fields[1]) == me:  # fields: state, ppid, ..., utime (12), stime (13)
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def onlinerec_cpu_clock(opts: Options) -> Callable[[], float]:
+    """The CPU clock for the env, R2AC and RecurrentPPO configurations: with env worker processes their CPU counts."""
+    return children_cpu_seconds if opts.atari_backend.endswith("-async") else time.process_time
 
 
 def tree_cpu_seconds() -> float:
@@ -1008,6 +1050,7 @@ def not_like_for_like(atari_backend: str) -> str:
         "stack, which does)"
         if atari_backend == "native"
         else "onlinerec the paper's Python wrapper stack (torchbeast's, FIRE after a lost life) over ALE/<Game>-v5"
+        + (", one worker process per env" if atari_backend.endswith("-async") else "")
     )
     text = (
         "not like for like: sample-factory is asynchronous (its 2 rollout worker processes keep stepping while the "
@@ -1028,10 +1071,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--env", default="ALE/Breakout-v5", help="Atari env id (default ALE/Breakout-v5)")
     ap.add_argument(
         "--atari-backend",
-        choices=("native", "torchbeast"),
+        choices=("native", "torchbeast", "torchbeast-async"),
         default="native",
         help="onlinerec's Atari env for env, R2AC and RecurrentPPO: ale-py's C++ vector env (default; no FIRE after "
-        "a lost life) or the paper's Python wrapper stack (FIRE after a lost life, as the peers' wrappers)",
+        "a lost life) or the paper's Python wrapper stack (FIRE after a lost life, as the peers' wrappers), in this "
+        "process or (torchbeast-async) in one worker process per env",
     )
     ap.add_argument("--num-envs", type=int, default=8, help="B, parallel envs (default 8)")
     ap.add_argument(

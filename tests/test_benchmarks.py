@@ -172,3 +172,28 @@ def test_memory_quick():
     last = out.strip().splitlines()[-1]
     keys = [f"{s}_M{m}" for s, m in (("atari", 10), ("atari", 1), ("stack", 10), ("stack", 1))]
     assert re.fullmatch("memory " + " ".join(rf"{k}=-?\d+\.\d+" for k in keys), last), last
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc (Linux)")
+def test_children_cpu_counts_live_worker_processes():
+    """``--atari-backend torchbeast-async`` steps the envs in worker processes: their CPU time must count."""
+    import importlib.util
+    import time
+
+    spec = importlib.util.spec_from_file_location("r2ac_throughput", BENCHMARKS / "r2ac_throughput.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(bench)
+    finally:
+        del sys.modules[spec.name]
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5:\n    pass\ntime.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", burn])
+    try:
+        deadline = time.monotonic() + 30
+        while bench.children_cpu_seconds() - time.process_time() < 0.45:
+            assert time.monotonic() < deadline, "the worker's 0.5 CPU-s never showed in children_cpu_seconds()"
+            time.sleep(0.2)
+    finally:
+        child.kill()
+        child.wait()
