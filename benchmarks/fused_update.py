@@ -10,11 +10,15 @@ The pass under test is the part of the fully online step that touches the big te
 - ``numba``: one kernel that adds the outer product and accumulates the read-out while each row is in cache: S is
   read and written once (a parallel loop over the P x N rows; each row's gradient has one writer).
 - ``copy``: ``dst.copy_(src)`` of as many bytes, the memory-bandwidth yardstick of ``rtrl_vs_tbptt.py``.
+- ``compiled`` (with ``--compile``): the same one-pass formula written for ``torch.compile`` (inductor's CPU code,
+  built with the machine's C++ compiler on first call): the new S written back with ``copy_`` and the read-out
+  reduced from the same expression, which inductor may fuse into one loop.
 
 The two are checked to give the same S and g (float32, relative error <= 1e-5) before timing. The methods are
 interleaved (their order rotates every round) and each is timed as a median of ``--reps`` calls per round; the
 figure is the median over rounds. The last line reads ``ratios torch/copy=<a> numba/copy=<b> torch/numba=<c>``, the
-worst (largest a and b, smallest c) over the shapes and thread counts of the run.
+worst (largest a and b, smallest c) over the shapes and thread counts of the run; with ``--compile`` it ends
+``torch/compiled=<d>`` (the smallest).
 
 Needs ``numba`` (``pip install numba``; not a dependency of onlinerec: see docs/performance.md for why it is not
 used). Shapes: ``atari`` (B 32, N 256, D 257) and ``dmlab`` (B 32, N 512, D 257), P = 2 weight rows per unit (the
@@ -23,6 +27,7 @@ eLSTM's input projection).
 Usage::
 
     python benchmarks/fused_update.py --threads 1,2
+    python benchmarks/fused_update.py --threads 1,2 --compile   # also torch.compile's fused pass
     python benchmarks/fused_update.py --quick       # small shapes (smoke test)
 """
 
@@ -67,6 +72,17 @@ def torch_pass(s: torch.Tensor, u: torch.Tensor, x: torch.Tensor, lam: torch.Ten
     return _contract(lam, s)
 
 
+def compiled_pass():
+    """The one-pass formula for ``torch.compile``: S~ + u (x) x written back, and the read-out of that same value."""
+
+    def update_and_read_out(s: torch.Tensor, u: torch.Tensor, x: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+        new = s + u.unsqueeze(-1) * x[:, None, None, :]
+        s.copy_(new)
+        return (lam[:, None, :, None] * new).sum(0)
+
+    return torch.compile(update_and_read_out, dynamic=False)
+
+
 def timed(fn, reps: int) -> float:
     times = []
     for _ in range(reps):
@@ -83,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--quick", action="store_true", help="small shapes, one round of 3 calls (a smoke test)")
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile's version of the fused pass")
     args = ap.parse_args(argv)
     shapes = QUICK_SHAPES if args.quick else SHAPES
     if args.quick:
@@ -92,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         ap.exit(2, "fused_update.py needs numba, which onlinerec does not install: pip install numba\n")
     kernel = fused_kernel()
+    compiled = compiled_pass() if args.compile else None
     worst = {"torch/copy": 0.0, "numba/copy": 0.0, "torch/numba": float("inf")}
+    if compiled is not None:
+        worst["torch/compiled"] = float("inf")
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         numba.set_num_threads(threads)
@@ -110,15 +130,25 @@ def main(argv: list[str] | None = None) -> int:
             err = max((s_torch - s_numba).abs().max() / s_torch.abs().max(), (g_torch - g).abs().max() / g.abs().max())
             if not err <= 1e-5:
                 sys.exit(f"the numba kernel disagrees with the torch pass (relative error {err:.1e}); not timing")
+            if compiled is not None:
+                s_comp = s.clone()
+                g_comp = compiled(s_comp, u, x, lam)
+                err = max(
+                    (s_torch - s_comp).abs().max() / s_torch.abs().max(), (g_torch - g_comp).abs().max() / g.abs().max()
+                )
+                if not err <= 1e-5:
+                    sys.exit(f"the compiled pass disagrees with the torch pass (relative error {err:.1e}); not timing")
             dst = torch.empty_like(s)
             fns = {
                 "torch": lambda: torch_pass(s, u, x, lam),
                 "numba": lambda: kernel(s.numpy(), u.numpy(), x.numpy(), lam.numpy(), g.numpy()),
                 "copy": lambda: dst.copy_(s),
             }
+            if compiled is not None:
+                fns["compiled"] = lambda: compiled(s, u, x, lam)
             results: dict[str, list[float]] = {k: [] for k in fns}
             for r in range(args.rounds):
-                order = list(fns)[r % 3 :] + list(fns)[: r % 3]
+                order = list(fns)[r % len(fns) :] + list(fns)[: r % len(fns)]
                 for k in order:
                     results[k].append(timed(fns[k], args.reps))
             ms = {k: statistics.median(v) for k, v in results.items()}
@@ -127,13 +157,17 @@ def main(argv: list[str] | None = None) -> int:
                 "numba/copy": ms["numba"] / ms["copy"],
                 "torch/numba": ms["torch"] / ms["numba"],
             }
+            if compiled is not None:
+                ratios["torch/compiled"] = ms["torch"] / ms["compiled"]
             print(
                 f"{name} threads={threads} (S {s.numel() * 4 / 2**20:.1f} MiB): torch {ms['torch']:.2f} ms, numba "
-                f"{ms['numba']:.2f} ms, copy {ms['copy']:.2f} ms; "
+                f"{ms['numba']:.2f} ms, "
+                + (f"compiled {ms['compiled']:.2f} ms, " if compiled is not None else "")
+                + f"copy {ms['copy']:.2f} ms; "
                 + " ".join(f"{k}={v:.2f}" for k, v in ratios.items())
             )
             for k, v in ratios.items():
-                worst[k] = min(worst[k], v) if k == "torch/numba" else max(worst[k], v)
+                worst[k] = min(worst[k], v) if k.startswith("torch/") and k != "torch/copy" else max(worst[k], v)
     print("ratios " + " ".join(f"{k}={v:.2f}" for k, v in worst.items()))
     return 0
 

@@ -160,6 +160,12 @@ def test_fused_update_quick():
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert re.fullmatch(f"ratios torch/copy={NUMBER} numba/copy={NUMBER} torch/numba={NUMBER}", last), last
+    proc = run_quick("fused_update.py", "--threads", "1", "--compile")  # torch.compile's version too (needs g++)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(
+        f"ratios torch/copy={NUMBER} numba/copy={NUMBER} torch/numba={NUMBER} torch/compiled={NUMBER}", last
+    ), last
 
 
 def test_memory_quick():
