@@ -335,3 +335,46 @@ def test_atari_torchbeast_stack_refills_the_frame_stack_after_a_lost_life():
     else:
         pytest.fail("no life lost")
     assert env_spaces("ALE/Breakout-v5")[0].shape == (4, 84, 84)
+
+
+@pytest.mark.parametrize("max_frames", [108_000, 300], ids=["game-overs", "truncations"])
+def test_atari_frames_driving_the_emulator_equals_the_gymnasium_steps(max_frames, monkeypatch):
+    """AtariFrames' direct ``ale.act`` loop gives the same screens, rewards, flags and info as stepping ale-py's env
+    frame by frame through gymnasium, across lost lives, game overs and (300 frames) truncations."""
+    pytest.importorskip("ale_py")
+    from onlinerec.rl.envs.atari import AtariFrames
+
+    calls = []
+    step_direct = AtariFrames._step_direct
+
+    def counted(self, action):
+        calls.append(1)
+        return step_direct(self, action)
+
+    monkeypatch.setattr(AtariFrames, "_step_direct", counted)
+
+    def run(direct: bool) -> list:
+        monkeypatch.setattr(AtariFrames, "_direct", AtariFrames._direct if direct else (lambda self: False))
+        env = make_vector_env("ALE/Breakout-v5", 2, seed=3, backend="torchbeast", max_episode_frames=max_frames)
+        rng = np.random.default_rng(0)
+        steps = [env.reset()[0]]
+        for _ in range(700):
+            obs, reward, term, trunc, info = env.step(rng.integers(0, 4, size=2))
+            keys = ("lives", "episode_frame_number", "frame_number", "life_lost", "episode_end", "episode_return")
+            steps.append((obs, reward, term, trunc, {k: np.asarray(info[k]).copy() for k in keys}))
+        env.close()
+        return steps
+
+    direct = run(True)
+    taken = len(calls)
+    assert taken >= 1400  # the direct loop ran: make_atari's env qualifies
+    wrapped = run(False)
+    assert len(calls) == taken  # and the other run did not take it
+    ends = sum(int(s[4]["episode_end"].sum()) + int(s[3].sum()) for s in wrapped[1:])
+    assert ends >= 2  # episodes ended in both runs (game overs, or truncations)
+    assert np.array_equal(direct[0], wrapped[0])
+    for t, (a, b) in enumerate(zip(direct[1:], wrapped[1:])):
+        for x, y in zip(a[:4], b[:4]):
+            assert np.array_equal(x, y), t
+        for k in a[4]:
+            assert np.array_equal(a[4][k], b[4][k]), (t, k)

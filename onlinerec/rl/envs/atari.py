@@ -243,7 +243,21 @@ class AtariFrames(gymnasium.Wrapper):
         small = np.einsum("ik,jik...->ji...", cw, tall[:, ci])  # (size, size, ...)
         return np.clip(np.rint(small), 0, 255).astype(np.uint8)
 
+    def _direct(self) -> bool:
+        """Whether ``step`` may drive the emulator itself: ale-py's own env with one frame and one discrete action per
+        step and no sound, which is what ``make_atari`` builds."""
+        base = self.env.unwrapped
+        return (
+            type(base).__module__.startswith("ale_py")
+            and getattr(base, "_frameskip", None) == 1
+            and not getattr(base, "continuous", True)
+            and not getattr(base, "sound_obs", True)
+            and hasattr(base, "_action_set")
+        )
+
     def step(self, action):
+        if self._direct():
+            return self._step_direct(action)
         total, terminated, truncated, info = 0.0, False, False, {}
         for t in range(self.frame_skip):
             _, reward, terminated, truncated, info = self.env.step(action)
@@ -257,6 +271,26 @@ class AtariFrames(gymnasium.Wrapper):
             elif t == self.frame_skip - 1:
                 self._grab(0)
         return self._obs(), total, terminated, truncated, info
+
+    def _step_direct(self, action):
+        """``step`` with ``ale.act`` per frame, as ale-py's ``AtariEnv.step`` does for one frame, without rendering
+        the screens that the max-pool does not read and without gymnasium's per-frame wrapper calls (the same
+        rewards, flags, screens and info; ~2x less Python time per agent step)."""
+        base, ale = self.env.unwrapped, self.ale
+        code = base._action_set[action]
+        total, terminated, truncated = 0.0, False, False
+        for t in range(self.frame_skip):
+            total += float(ale.act(code, 1.0))
+            terminated, truncated = ale.game_over(with_truncation=False), ale.game_truncated()
+            if terminated or truncated:
+                self._grab(0)
+                self._buf[1] = self._buf[0]
+                break
+            if t == self.frame_skip - 2:
+                self._grab(1)
+            elif t == self.frame_skip - 1:
+                self._grab(0)
+        return self._obs(), total, bool(terminated), bool(truncated), base._get_info()
 
     def reset(self, *, seed=None, options=None):
         _, info = self.env.reset(seed=seed, options=options)
