@@ -275,7 +275,7 @@ class AtariFrames(gymnasium.Wrapper):
     def _step_direct(self, action):
         """``step`` with ``ale.act`` per frame, as ale-py's ``AtariEnv.step`` does for one frame, without rendering
         the screens that the max-pool does not read and without gymnasium's per-frame wrapper calls (the same
-        rewards, flags, screens and info; ~2x less Python time per agent step)."""
+        rewards, flags, screens and info; about 15 % less env CPU time on Breakout)."""
         base, ale = self.env.unwrapped, self.ale
         code = base._action_set[action]
         total, terminated, truncated = 0.0, False, False
