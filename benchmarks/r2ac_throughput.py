@@ -468,13 +468,13 @@ def atari_game(env_id: str) -> str:
     return env_id.split("/", 1)[-1].split("-", 1)[0]
 
 
-def children_cpu_seconds() -> float:
-    """CPU time of this process plus its live child processes (the env workers of ``--atari-backend
-    torchbeast-async``), from /proc on Linux (no psutil needed in onlinerec's environment); elsewhere this process's."""
+def tree_cpu_seconds() -> float:
+    """CPU time (user + system) of this process and all its live descendants (sample-factory's workers, the env
+    workers of ``--atari-backend torchbeast-async``), from /proc on Linux (no psutil needed); elsewhere this process's."""
     total = time.process_time()
     if not os.path.isdir("/proc"):
         return total
-    me, tick = os.getpid(), os.sysconf("SC_CLK_TCK")
+    tick, parent, cpu = os.sysconf("SC_CLK_TCK"), {}, {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -483,29 +483,18 @@ def children_cpu_seconds() -> float:
                 fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
         except OSError:  # a process that just exited
             continue
-        if int(fields[1]) == me:  # fields: state, ppid, ..., utime (12), stime (13)
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+        pid = int(entry)  # fields: state, ppid, ..., utime (12), stime (13)
+        parent[pid], cpu[pid] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
+    descendants, generation = set(), {os.getpid()}
+    while generation:  # children, then their children, ...
+        generation = {pid for pid, ppid in parent.items() if ppid in generation}
+        descendants |= generation
+    return total + sum(cpu[pid] for pid in descendants)
 
 
 def onlinerec_cpu_clock(opts: Options) -> Callable[[], float]:
     """The CPU clock for the env, R2AC and RecurrentPPO configurations: with env worker processes their CPU counts."""
-    return children_cpu_seconds if opts.atari_backend.endswith("-async") else time.process_time
-
-
-def tree_cpu_seconds() -> float:
-    """CPU time (user + system) of this process and all its descendants (sample-factory's workers)."""
-    import psutil
-
-    me = psutil.Process()
-    total = 0.0
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:  # a process that just exited
-            pass
-    return total
+    return tree_cpu_seconds if opts.atari_backend.endswith("-async") else time.process_time
 
 
 def sf_make_atari_env(env_name, cfg, env_config, render_mode=None):

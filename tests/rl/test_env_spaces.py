@@ -345,13 +345,13 @@ def test_atari_frames_driving_the_emulator_equals_the_gymnasium_steps(max_frames
     from onlinerec.rl.envs.atari import AtariFrames
 
     calls = []
-    step_direct = AtariFrames._step_direct
+    ale_frame = AtariFrames._ale_frame
 
     def counted(self, action):
         calls.append(1)
-        return step_direct(self, action)
+        return ale_frame(self, action)
 
-    monkeypatch.setattr(AtariFrames, "_step_direct", counted)
+    monkeypatch.setattr(AtariFrames, "_ale_frame", counted)
 
     def run(direct: bool) -> list:
         monkeypatch.setattr(AtariFrames, "_direct", AtariFrames._direct if direct else (lambda self: False))

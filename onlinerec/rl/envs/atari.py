@@ -229,6 +229,7 @@ class AtariFrames(gymnasium.Wrapper):
         self._buf = np.zeros((2, h, w) if grayscale else (2, h, w, 3), dtype=np.uint8)
         shape = (size, size) if grayscale else (size, size, 3)
         self.observation_space = gymnasium.spaces.Box(0, 255, shape=shape, dtype=np.uint8)
+        self._frame = self._ale_frame if self._direct() else self._env_frame  # decided once: the env does not change
 
     def _grab(self, k: int) -> None:
         if self.grayscale:
@@ -255,33 +256,24 @@ class AtariFrames(gymnasium.Wrapper):
             and hasattr(base, "_action_set")
         )
 
-    def step(self, action):
-        if self._direct():
-            return self._step_direct(action)
-        total, terminated, truncated, info = 0.0, False, False, {}
-        for t in range(self.frame_skip):
-            _, reward, terminated, truncated, info = self.env.step(action)
-            total += float(reward)
-            if terminated or truncated:
-                self._grab(0)
-                self._buf[1] = self._buf[0]
-                break
-            if t == self.frame_skip - 2:
-                self._grab(1)
-            elif t == self.frame_skip - 1:
-                self._grab(0)
-        return self._obs(), total, terminated, truncated, info
+    def _env_frame(self, action) -> tuple[float, bool, bool, dict | None]:
+        """One frame through ale-py's gymnasium env: (reward, terminated, truncated, info)."""
+        _, reward, terminated, truncated, info = self.env.step(action)
+        return float(reward), terminated, truncated, info
 
-    def _step_direct(self, action):
-        """``step`` with ``ale.act`` per frame, as ale-py's ``AtariEnv.step`` does for one frame, without rendering
-        the screens that the max-pool does not read and without gymnasium's per-frame wrapper calls (the same
-        rewards, flags, screens and info; about 15 % less env CPU time on Breakout)."""
-        base, ale = self.env.unwrapped, self.ale
-        code = base._action_set[action]
-        total, terminated, truncated = 0.0, False, False
+    def _ale_frame(self, action) -> tuple[float, bool, bool, dict | None]:
+        """One frame by ``ale.act``, as ale-py's ``AtariEnv.step`` does it, without rendering a screen that the
+        max-pool does not read and without gymnasium's per-frame wrapper calls (about 15 % less env CPU time on
+        Breakout); the info is read once, after the last frame."""
+        ale = self.ale
+        reward = float(ale.act(self.env.unwrapped._action_set[action], 1.0))
+        return reward, ale.game_over(with_truncation=False), ale.game_truncated(), None
+
+    def step(self, action):
+        total, terminated, truncated, info = 0.0, False, False, None
         for t in range(self.frame_skip):
-            total += float(ale.act(code, 1.0))
-            terminated, truncated = ale.game_over(with_truncation=False), ale.game_truncated()
+            reward, terminated, truncated, info = self._frame(action)
+            total += reward
             if terminated or truncated:
                 self._grab(0)
                 self._buf[1] = self._buf[0]
@@ -290,7 +282,9 @@ class AtariFrames(gymnasium.Wrapper):
                 self._grab(1)
             elif t == self.frame_skip - 1:
                 self._grab(0)
-        return self._obs(), total, bool(terminated), bool(truncated), base._get_info()
+        if info is None:
+            info = self.env.unwrapped._get_info()
+        return self._obs(), total, terminated, truncated, info
 
     def reset(self, *, seed=None, options=None):
         _, info = self.env.reset(seed=seed, options=options)
