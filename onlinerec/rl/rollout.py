@@ -22,6 +22,7 @@ weights one update old, while the learner trains on the previous segment.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
@@ -433,7 +434,9 @@ class RolloutDataModule(L.LightningDataModule):
         action_repeat: frames per agent step for the frame counter; None: the env's ``metadata["frames_per_step"]``,
             else 4 for Atari/DMLab ids and 1 otherwise.
         env_kwargs: extra keyword arguments for ``make_vector_env``.
-        segments_per_epoch: segments in one Lightning epoch; None: the trainer's ``max_steps`` if set, else 1000.
+        segments_per_epoch: segments in one Lightning epoch; None: the segments the trainer's ``max_steps`` allows if
+            set (``max_steps`` / the module's ``config.passes`` optimiser steps per segment, 1 if it has none), else
+            1000.
         async_actor: collect segment k + 1 on a background thread while the learner updates on segment k, so that acting
             and env steps run beside the learner's forward, backward and optimiser step. The actor is then a copy of
             the agent whose parameters and buffers are refreshed from the learner's before each segment: it acts with
@@ -553,8 +556,12 @@ class RolloutDataModule(L.LightningDataModule):
             if self.async_actor:
                 self._background = _BackgroundActor(self.stream, agent, self._frames)
         length = self.segments_per_epoch
-        if length is None:
-            length = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else 1000
+        if length is None and trainer.max_steps and trainer.max_steps > 0:
+            # max_steps counts optimiser steps; a module with several per segment (R2AC's epochs) needs fewer segments,
+            # and the progress bar's total is this length
+            passes = getattr(getattr(trainer.lightning_module, "config", None), "passes", 1)
+            length = math.ceil(trainer.max_steps / passes)
+        length = 1000 if length is None else length
         return DataLoader(_SegmentDataset(self, int(length)), batch_size=None, num_workers=0)
 
     def teardown(self, stage: str) -> None:

@@ -368,7 +368,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
         )
     ]
     if cfg.progress:
-        callbacks.append(StepProgressBar(f"R2AC {cfg.method}(M={cfg.M}) updates", leave=True))
+        callbacks.append(StepProgressBar(f"R2AC {cfg.method}(M={cfg.M}) segments", leave=True))
     trainer = L.Trainer(
         strategy=strategy,
         accelerator=cfg.accelerator,

@@ -30,6 +30,9 @@ __all__ = ["OnlineRecurrentModule"]
 warnings.filterwarnings("ignore", message=r".*defined a `validation_step` but have no `val_dataloader`.*")
 # Lightning 2.6 calls a pytree API that torch 2.13 deprecates: Lightning's to fix, nothing a user can act on.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
+# Manual optimisation makes Lightning warn that a step checkpoint holds the weights after that step's update. That is
+# what resuming needs: the carry saved with them is the one after the same update (resume is tested to continue exactly).
+warnings.filterwarnings("ignore", message=r".*Using ModelCheckpoint with manual optimization and every_n_train_steps.*")
 
 
 class OnlineRecurrentModule(L.LightningModule):

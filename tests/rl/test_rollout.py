@@ -4,6 +4,7 @@ learner's carry equal to the actor's state (checked against a step-by-step refer
 from __future__ import annotations
 
 import itertools
+import types
 
 import gymnasium as gym
 import lightning as L
@@ -215,6 +216,22 @@ def test_datamodule_needs_an_online_strategy():
     )
     with pytest.raises(RuntimeError, match="strategy"):
         trainer.fit(model, dm)
+
+
+@pytest.mark.parametrize(("passes", "segments"), [(1, 10), (4, 3)])
+def test_an_epoch_holds_the_segments_that_max_steps_allows(passes, segments):
+    """max_steps counts optimiser steps: with several per segment (R2AC's epochs) the loader, and so the progress
+    bar's total, holds max_steps / passes segments (rounded up), not max_steps."""
+    dm = RolloutDataModule(lambda n, s: make_env(LENGTHS[:n]), num_envs=2)
+    agent = tiny_model()
+    agent.config = types.SimpleNamespace(passes=passes)
+    dm.trainer = types.SimpleNamespace(
+        global_rank=0, lightning_module=agent, max_steps=10, strategy=types.SimpleNamespace(M=2)
+    )
+    try:
+        assert len(dm.train_dataloader()) == segments
+    finally:
+        dm.teardown("fit")
 
 
 @pytest.mark.parametrize("method", ["rtrl", "snap"])
