@@ -556,6 +556,25 @@ def test_popgym_repeat_previous():
     assert num_actions("popgym:BattleshipEasy") == 64  # MultiDiscrete([8, 8]) flattened
 
 
+def test_popgym_envs_that_need_the_previous_action_get_it():
+    """MultiarmedBandit's observation is only "the arm paid or not": which arm was pulled comes from the previous
+    action, appended one-hot as POPGym's PreviousAction does (0 after a reset), flattened after the 2 payout entries."""
+    pytest.importorskip("popgym")
+    env = make_vector_env("popgym:MultiarmedBanditEasy", 2, seed=0)
+    obs, _ = env.reset()
+    assert obs.shape == (2, 12)
+    np.testing.assert_array_equal(obs[:, 2:], np.eye(10, dtype=np.float32)[[0, 0]])
+    for _ in range(3):
+        actions = np.array([3, 7])
+        obs, *_ = env.step(actions)
+        np.testing.assert_array_equal(obs[:, 2:], np.eye(10, dtype=np.float32)[actions])
+        assert obs[:, :2].sum(1).tolist() == [1.0, 1.0]  # the payout one-hot is untouched
+    assert make_vector_env("popgym:MultiarmedBanditEasy", 1, prev_action=False).single_observation_space.shape == (2,)
+    # an env whose observation is enough keeps it as it is, unless asked
+    assert make_vector_env("popgym:RepeatPreviousEasy", 1).single_observation_space.shape == (4,)
+    assert make_vector_env("popgym:RepeatPreviousEasy", 1, prev_action=True).single_observation_space.shape == (8,)
+
+
 def test_minigrid_memory():
     pytest.importorskip("minigrid")
     env = make_vector_env("MiniGrid-MemoryS7-v0", 2, seed=0)

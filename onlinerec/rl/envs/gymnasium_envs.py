@@ -10,7 +10,9 @@ in ``info["final_obs"]`` (gymnasium's convention), the returned observation is t
   ``ConcentrationEasy``): observations flattened with ``gymnasium.spaces.flatten`` (Discrete parts become one-hots)
   and cast to ``float32``, shape ``(d,)`` with ``d = flatdim(space)`` (RepeatPreviousEasy: ``(4,)``).
   ``MultiDiscrete`` action spaces (Battleship, MineSweeper) are flattened into one ``Discrete(prod)``; Box actions
-  (the Pendulum variants) are passed through as float32.
+  (the Pendulum variants) are passed through as float32. Envs whose observation needs the previous action
+  (POPGym's ``obs_requires_prev_action``: MultiarmedBandit, Concentration, Battleship, MineSweeper, LabyrinthEscape,
+  LabyrinthExplore) get it appended, one-hot, as POPGym's own baselines do (``prev_action``: force it on or off).
 - ``MiniGrid-*`` / ``minigrid:<id>`` (e.g. ``MiniGrid-MemoryS7-v0`` … ``MiniGrid-MemoryS17Random-v0``): the agent's
   partial 7×7 view. ``pixels=False`` (default): the symbolic grid encoding (object, colour, state) as ``uint8
   (3, 7, 7)``; ``pixels=True``: rendered RGB ``uint8 (3, 7·tile, 7·tile)`` (``tile_size`` 8 → 56×56).
@@ -287,15 +289,28 @@ def make_popgym(
     *,
     vectorization: str = "sync",
     wrappers: Sequence[WrapperSpec] | None = None,
+    prev_action: bool | None = None,
     **env_kwargs,
 ):
-    """``popgym:<Env>`` with flattened float32 observations (see the module docstring)."""
+    """``popgym:<Env>`` with flattened float32 observations (see the module docstring).
+
+    ``prev_action``: append the action just taken to each observation (POPGym's ``PreviousAction`` wrapper; a reset
+    observation carries action 0). None: as the env declares (``obs_requires_prev_action``: MultiarmedBandit,
+    Concentration, Battleship, MineSweeper, LabyrinthEscape/Explore), whose observation alone does not say which
+    arm was pulled or which cell was probed, so without it the task cannot be learned."""
     cls = _popgym_class(name)
     env_id = f"popgym:{name}"
     wrappers = check_wrappers(wrappers)
+    if prev_action is None:
+        prev_action = bool(getattr(cls, "obs_requires_prev_action", False))
 
     def fn():
-        return _FlatObs(_check_actions(apply_wrappers(cls(**env_kwargs), wrappers), env_id))
+        env = cls(**env_kwargs)
+        if prev_action:
+            from popgym.wrappers import PreviousAction
+
+            env = PreviousAction(env)
+        return _FlatObs(_check_actions(apply_wrappers(env, wrappers), env_id))
 
     fn().close()
     return vectorize([fn] * num_envs, seed=seed, env_id=env_id, vectorization=vectorization)
