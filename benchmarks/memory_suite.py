@@ -24,6 +24,8 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
 - **Observations normalised** (``lru_obs_passes``): ``lru_passes`` with ``obs_norm`` (running per-feature mean and
   std, clipped at 10), the observation half of the ``VecNormalize`` that rl-zoo's tuned RecurrentPPO uses on
   CartPoleNoVel; set from that recipe before any run.
+- **rl-zoo's discount and entropy** (``lru_zoo_passes``, not run by default): ``lru_obs_passes`` with discount 0.98
+  and no entropy bonus, the other two values of rl-zoo's tuned CartPoleNoVel recipe that R2AC has; for CartPoleNoVel.
 - **The ablation** (``--methods rtrl_rnorm rtrl_anorm rtrl_adam rtrl_ppo``, not run by default): each of those
   changes alone on top of the paper's R2AC-RTRL (return normalisation; advantage normalisation; mean losses with
   Adam; 4 clipped-ratio passes).
@@ -195,6 +197,12 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
     # rl-zoo's tuned RecurrentPPO does on CartPoleNoVel with VecNormalize (without it RecurrentPPO reached 182, not
     # 419); set from that recipe before any run, not tuned
     "lru_obs_passes": {"method": "rtrl", "cell": "lru", "cell_kwargs": {}, "r2ac": {**_PASSES, "obs_norm": True}},
+    # lru_obs_passes with the rest of rl-zoo's CartPoleNoVel values that R2AC has: discount 0.98 and no entropy bonus
+    # (its tuned RecurrentPPO's gamma and ent_coef); set from that recipe before any run, for CartPoleNoVel only
+    "lru_zoo_passes": {
+        "method": "rtrl", "cell": "lru", "cell_kwargs": {},
+        "r2ac": {**_PASSES, "obs_norm": True, "discount": 0.98, "entropy_cost": 0.0},
+    },
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},
@@ -205,7 +213,9 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 ABLATION = ["rtrl_rnorm", "rtrl_anorm", "rtrl_adam", "rtrl_ppo"]
 """Arms that are run only when named (``--methods``): not part of the default suite."""
-METHODS = [*(m for m in R2AC_METHODS if m not in ABLATION), "ppo_lstm"]
+ENV_SPECIFIC = ["lru_zoo_passes"]
+"""Arms set from one env's tuned recipe, run only when named (``--methods``)."""
+METHODS = [*(m for m in R2AC_METHODS if m not in ABLATION + ENV_SPECIFIC), "ppo_lstm"]
 EVAL_EPISODES = 32
 
 
@@ -587,7 +597,7 @@ def report(out: Path) -> Path | None:
         print("no finished runs yet")
         return None
     envs = [e for e in ENVS if any(r["env"] == e for r in records)]
-    methods = sorted({r["method"] for r in records}, key=lambda m: (METHODS + ABLATION + [m]).index(m))
+    methods = sorted({r["method"] for r in records}, key=lambda m: (METHODS + ENV_SPECIFIC + ABLATION + [m]).index(m))
     lines = [
         "| env | method | seeds | budget (agent steps) | final | MMER | AUC | greedy eval | wall min / run | CPU min / run |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -662,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run every job that has no JSON yet, then report")
     run.add_argument("--out", default="runs/memory_suite")
     run.add_argument("--envs", nargs="+", default=[e for e in ENVS if e not in HELD_OUT], choices=list(ENVS))
-    run.add_argument("--methods", nargs="+", default=METHODS, choices=[*METHODS, *ABLATION])
+    run.add_argument("--methods", nargs="+", default=METHODS, choices=[*METHODS, *ENV_SPECIFIC, *ABLATION])
     run.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     run.add_argument("--jobs", type=int, default=2)
     run.add_argument("--budget-scale", type=float, default=1.0, help="multiply every env's agent-step budget")
