@@ -305,7 +305,16 @@ def make_popgym(
         prev_action = bool(getattr(cls, "obs_requires_prev_action", False))
 
     def fn():
-        env = cls(**env_kwargs)
+        try:
+            env = cls(**env_kwargs)
+        except TypeError as e:
+            import inspect
+
+            takes = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
+            raise TypeError(
+                f"{env_id} does not take env_kwargs {sorted(env_kwargs)} ({e}); the env takes "
+                f"{takes or 'no arguments'}, and onlinerec adds prev_action, wrappers and vectorization."
+            ) from e
         if prev_action:
             from popgym.wrappers import PreviousAction
 
