@@ -29,8 +29,9 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
 - **The ablation** (``--methods rtrl_rnorm rtrl_anorm rtrl_adam rtrl_ppo``, not run by default): each of those
   changes alone on top of the paper's R2AC-RTRL (return normalisation; advantage normalisation; mean losses with
   Adam; 4 clipped-ratio passes).
-- **Held-out envs** (``--envs AutoencodeEasy MultiarmedBanditEasy``, not run by default): POPGym memory envs on which
-  no setting of any arm was chosen, for the shipped POPGym config (``lru_mixed_passes``) against RecurrentPPO.
+- **Held-out envs** (``--envs AutoencodeEasy MultiarmedBanditEasy BattleshipEasy MineSweeperEasy HigherLowerEasy``,
+  not run by default): POPGym memory envs on which no setting of any arm was chosen, for the shipped POPGym config
+  (``lru_mixed_passes``) against RecurrentPPO.
 - **RecurrentPPO arm** (``ppo_lstm``): ``python benchmarks/memory_suite.py sb3 --env <name> --seed <k> --out ...``.
   Its envs are onlinerec's (``onlinerec.rl.envs.make_vector_env`` with the same env id and kwargs, behind a thin
   sb3 ``VecEnv`` adapter; SAME_STEP autoreset is sb3's own convention), seeded with the same
@@ -152,8 +153,22 @@ ENVS: dict[str, EnvSpec] = {
         "popgym:MultiarmedBanditEasy", steps=BUDGET, window=50, r2ac=_R2AC_COMMON, sb3=_SB3_MATCHED,
         random_return=0.0,
     ),
+    # three more POPGym games, named before any run on them (the first two need the previous action, which the
+    # adapter adds since the bandit showed it missing)
+    "BattleshipEasy": EnvSpec(
+        "popgym:BattleshipEasy", steps=BUDGET, window=100, r2ac=_R2AC_COMMON, sb3=_SB3_MATCHED,
+        random_return=-0.456,
+    ),
+    "MineSweeperEasy": EnvSpec(
+        "popgym:MineSweeperEasy", steps=BUDGET, window=100, r2ac=_R2AC_COMMON, sb3=_SB3_MATCHED,
+        random_return=-0.229,
+    ),
+    "HigherLowerEasy": EnvSpec(
+        "popgym:HigherLowerEasy", steps=BUDGET, window=100, r2ac=_R2AC_COMMON, sb3=_SB3_MATCHED,
+        random_return=0.006,
+    ),
 }  # fmt: skip
-HELD_OUT = ["AutoencodeEasy", "MultiarmedBanditEasy"]
+HELD_OUT = ["AutoencodeEasy", "MultiarmedBanditEasy", "BattleshipEasy", "MineSweeperEasy", "HigherLowerEasy"]
 """Envs no setting was chosen on; not part of the default suite (``--envs`` names them)."""
 
 _PASSES: dict[str, Any] = {
