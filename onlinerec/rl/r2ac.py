@@ -118,6 +118,11 @@ class R2ACConfig:
     minibatches: int = 1
     """Optimiser steps per pass, each on B / minibatches consecutive stream slots (the same split every pass); must
     divide B, the streams of a segment on this process (``num_envs``)."""
+    bootstrap_truncation: bool = False
+    """Bootstrap where an episode hits a time limit (truncated, not terminated) instead of treating the cut as the
+    episode's end: the reward of that step gains gamma times the actor's value of the episode's final observation
+    (from ``info["final_obs"]``, computed at collection from the actor's state; sb3 and Pardo et al. 2018, "Time
+    Limits in Reinforcement Learning", do the same). Off: the paper's R2AC, where every end is terminal."""
     ppo_clip: float | None = None
     """None: the V-trace policy gradient (the paper's). eps > 0: PPO's clipped-ratio objective
     min(rho A, clip(rho, 1 - eps, 1 + eps) A), rho = pi / mu against the actor's policy mu, with A the V-trace advantage
@@ -391,6 +396,26 @@ class R2AC(OnlineRecurrentModule):
         actions = self.policy.mode(params) if greedy else self.policy.sample(params)
         return actions, params
 
+    @property
+    def bootstraps_truncation(self) -> bool:
+        """Whether rollouts should record :meth:`truncation_values` (``config.bootstrap_truncation``)."""
+        return self.config.bootstrap_truncation
+
+    @torch.no_grad()
+    def truncation_values(self, obs: Tensor | dict[str, Tensor], reward: Tensor, stream: str = "act") -> Tensor:
+        """Values (B,) of observations that follow the last :meth:`act` step of ``stream`` (the final observations
+        of episodes cut by a time limit, with the reward that came with them), from its carried state, which is not
+        advanced. Equals the value :meth:`act` would compute next if the episode had gone on."""
+        x = self.features(_map(obs, lambda v: v.unsqueeze(0)), reward.unsqueeze(0))
+        h = (
+            x
+            if self.feed_forward
+            else self.cell.readout(
+                self.lookahead(x, torch.zeros_like(reward, dtype=torch.bool).unsqueeze(0), stream), x
+            )
+        )
+        return self.heads(h[0])[1]
+
     def env_actions(self, actions: Tensor) -> Tensor:
         """Actions from :meth:`act` as the env takes them: unchanged for Discrete; for a Box, clipped (or
         tanh-squashed) into [-1, 1] and mapped onto its bounds, shaped (B, *shape)."""
@@ -467,7 +492,7 @@ class R2AC(OnlineRecurrentModule):
         vs, advantages = vtrace(
             segment.behaviour_logp[1:].to(values.dtype),
             target_logp,
-            self._clip(segment.rewards[1:].to(values.dtype)),
+            self._rewards_with_truncation(segment, values.dtype),
             cfg.discount * (~segment.reset[1:]).to(values.dtype),
             values,
             bootstrap,
@@ -479,6 +504,14 @@ class R2AC(OnlineRecurrentModule):
         if cfg.advantage_norm:
             advantages = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
         return vs, advantages
+
+    def _rewards_with_truncation(self, segment: RolloutSegment, dtype: torch.dtype) -> Tensor:
+        """Entries 1..M of the loss's rewards (scaled, normalised, clipped); under ``bootstrap_truncation`` plus gamma
+        times the value of the final observation where a time limit cut the episode (its discount stays 0)."""
+        rewards = self._clip(segment.rewards[1:].to(dtype))
+        if self.config.bootstrap_truncation and segment.truncation_value is not None:
+            rewards = rewards + self.config.discount * segment.truncation_value[1:].to(dtype)
+        return rewards
 
     def losses(self, segment: RolloutSegment) -> dict[str, Tensor]:
         """:meth:`segment_loss` of one training segment (advances the "train" carry)."""

@@ -69,7 +69,11 @@ class Actor(Protocol):
 
         An agent with continuous actions also has ``action_head`` (:class:`~onlinerec.rl.policy.ActionHead`: the
         rollout reads log-probs from it) and ``env_actions(actions)`` (what the env is sent); without them the
-        actions are sent as they are and scored as a softmax over the parameters."""
+        actions are sent as they are and scored as a softmax over the parameters.
+
+        An agent whose ``bootstraps_truncation`` is True also has ``truncation_values(obs, reward) -> (B,)``: its
+        value of observations that follow its last ``act`` step (used for the final observation of episodes cut by a
+        time limit, :class:`RolloutSegment`'s ``truncation_value``), without advancing its state."""
         ...
 
 
@@ -81,6 +85,24 @@ def obs_to_tensor(obs: Any, device: torch.device | str | None = None) -> Tensor 
     if isinstance(flat, dict):
         return {k: _leaf_tensor(v, device) for k, v in flat.items()}
     return _leaf_tensor(flat, device)
+
+
+def _row(obs: Any, i: int) -> Any:
+    """Stream ``i`` of a batched observation (an array, or a dict / tuple of them)."""
+    if isinstance(obs, dict):
+        return {k: _row(v, i) for k, v in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(_row(v, i) for v in obs)
+    return obs[i]
+
+
+def _stack_rows(rows: list[Any]) -> Any:
+    """One batched observation from per-stream ones (the inverse of :func:`_row`)."""
+    if isinstance(rows[0], dict):
+        return {k: _stack_rows([r[k] for r in rows]) for k in rows[0]}
+    if isinstance(rows[0], tuple):
+        return tuple(_stack_rows([r[j] for r in rows]) for j in range(len(rows[0])))
+    return np.stack([np.asarray(r) for r in rows])
 
 
 def _leaf_tensor(value: Any, device: torch.device | str | None) -> Tensor:
@@ -137,6 +159,11 @@ class RolloutSegment(Segment):
                                                led to obs_t
     ``episode_return``            (T, B) f32   that episode's undiscounted return, where ``episode_end``
     ``episode_length``            (T, B) i64   its length in agent steps, where ``episode_end``
+    ``truncation_value``          (T, B) f32   where the step that led to obs_t hit a time limit (truncated, not
+                                               terminated): the agent's value of that episode's final observation
+                                               (``agent.truncation_values``, from its state after obs_{t-1}, the
+                                               weights it acted with); 0 elsewhere. None: the agent does not
+                                               bootstrap truncations (R2ACConfig.bootstrap_truncation off)
     ``frames``                    int          env frames so far on this process after this segment
                                                (agent steps x action repeat, all streams)
     ``env_restarts``              int          env workers restarted after a crash or hang so far on this process
@@ -153,6 +180,7 @@ class RolloutSegment(Segment):
     episode_end: Tensor | None = None
     episode_return: Tensor | None = None
     episode_length: Tensor | None = None
+    truncation_value: Tensor | None = None
     frames: int = 0
     env_restarts: int = 0
 
@@ -185,6 +213,11 @@ class RolloutSegment(Segment):
             if not isinstance(value, Tensor) or tuple(value.shape[:2]) != (t, b):
                 got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
                 raise ValueError(f"RolloutSegment.{name} must be a tensor starting with (T, B) = {(t, b)}; got {got}.")
+        if self.truncation_value is not None and tuple(self.truncation_value.shape) != (t, b):
+            raise ValueError(
+                f"RolloutSegment.truncation_value must be a (T, B) = {(t, b)} tensor or None; got "
+                f"{tuple(self.truncation_value.shape)}."
+            )
 
     distinct_per_rank: ClassVar[bool] = True  # every rank acts in its own envs, seeded apart by rank
 
@@ -359,7 +392,35 @@ class RolloutStream:
         b = self.num_envs
         actions, params, logp = self.head.first_entry(b)
         zeros = np.zeros(b)
-        return self._entry(obs, zeros, np.ones(b, bool), actions, params, logp, zeros.astype(bool), zeros, zeros)
+        entry = self._entry(obs, zeros, np.ones(b, bool), actions, params, logp, zeros.astype(bool), zeros, zeros)
+        if self._bootstraps:
+            entry["truncation_value"] = torch.zeros(b)
+        return entry
+
+    @property
+    def _bootstraps(self) -> bool:
+        """The agent values the final observation of time-limited episodes (R2ACConfig.bootstrap_truncation)."""
+        return bool(getattr(self.agent, "bootstraps_truncation", False))
+
+    def _truncation_values(self, obs, reward, terminated, truncated, info) -> Tensor:
+        """(B,) the agent's value of each stream's final observation where its episode hit a time limit, else 0."""
+        cut = np.asarray(truncated, dtype=bool) & ~np.asarray(terminated, dtype=bool)
+        out = torch.zeros(self.num_envs)
+        if not cut.any():
+            return out
+        final = info.get("final_obs")
+        if final is None or any(final[i] is None for i in np.flatnonzero(cut)):
+            raise RuntimeError(
+                f"{type(self.env).__name__} truncated an episode without its final observation in "
+                'info["final_obs"], which bootstrap_truncation needs; turn R2ACConfig.bootstrap_truncation off.'
+            )
+        rows = [final[i] if cut[i] else _row(obs, i) for i in range(self.num_envs)]
+        batch = obs_to_tensor(_stack_rows(rows), self.device)
+        values = self.agent.truncation_values(
+            batch, torch.as_tensor(np.asarray(reward, np.float32), device=self.device)
+        )
+        out[torch.as_tensor(cut)] = values.detach().float().cpu()[torch.as_tensor(cut)]
+        return out
 
     # -- one segment --------------------------------------------------------------------------
     @torch.no_grad()
@@ -387,6 +448,8 @@ class RolloutStream:
             self.env_restarts += int(np.count_nonzero(info.get("restarted", False)))
             end, ret, length = info["episode_end"], info["episode_return"], info["episode_length"]
             entries.append(self._entry(obs, reward, done, actions, logits, logp, end, ret, length))
+            if self._bootstraps:
+                entries[-1]["truncation_value"] = self._truncation_values(obs, reward, terminated, truncated, info)
         self._last = entries[-1]
         self.frames += m * self.num_envs * self.action_repeat
         stacked = {k: _stack([e[k] for e in entries]) for k in entries[0]}

@@ -266,3 +266,90 @@ def test_r2ac_cell_gradient_over_segments_equals_bptt_over_the_stream(method):
     assert got.keys() == expected.keys()
     for k, value in expected.items():
         torch.testing.assert_close(got[k], value, rtol=1e-9, atol=1e-12)
+
+
+class TimedOut(Countdown):
+    """Countdown whose episodes end by a time limit (truncated) instead of terminating."""
+
+    def step(self, action):
+        obs, reward, done, _, info = super().step(action)
+        return obs, reward, False, done, info
+
+
+@pytest.mark.parametrize("cell", ["elstm", None])
+def test_truncation_values_are_the_value_of_the_final_observation(cell):
+    """bootstrap_truncation: where a time limit cut an episode, the segment holds the agent's value of that episode's
+    final observation ([length, episode, 1]), computed from the episode's own history: checked against the learner's
+    forward over the whole episode followed by the final observation. Elsewhere it is 0."""
+    from onlinerec.rl.r2ac import R2ACConfig
+
+    torch.manual_seed(0)
+    model = R2AC(3, (3,), cell=cell, hidden_size=8, stem="mlp", fc_size=6, config=R2ACConfig(bootstrap_truncation=True))
+    lengths = [2, 3, 5]
+    stream = RolloutStream(
+        SyncVectorEnv([lambda n=n: TimedOut(n) for n in lengths], autoreset_mode=AutoresetMode.SAME_STEP), model
+    )
+    segments = [stream.next_segment(4) for _ in range(4)]
+    history = {i: [] for i in range(len(lengths))}  # (obs, reward input) of the current episode, per stream
+    checked = 0
+    for k, seg in enumerate(segments):
+        for t in range(0 if k == 0 else 1, seg.length):  # entry 0 repeats the previous segment's last entry
+            for i, n in enumerate(lengths):
+                if seg.reset[t, i] and history[i]:  # the episode in history[i] was cut by its time limit
+                    assert len(history[i]) == n
+                    final = torch.tensor([[[float(n), history[i][0][0][1].item(), 1.0]]])
+                    obs = torch.cat([torch.stack([o for o, _ in history[i]]).unsqueeze(1), final])
+                    rewards = torch.stack([r for _, r in history[i]] + [seg.rewards[t, i]]).unsqueeze(1)
+                    reset = torch.zeros(len(obs), 1, dtype=torch.bool)
+                    reset[0] = True
+                    with torch.no_grad():
+                        x = model.features(obs, rewards)
+                        h = x if cell is None else model(x, reset, stream="reference")
+                        expected = model.heads(h[-1])[1]
+                    model.reset_streams("reference")
+                    torch.testing.assert_close(seg.truncation_value[t, i : i + 1], expected)
+                    checked += 1
+                elif t > 0:
+                    assert seg.truncation_value[t, i] == 0
+                if seg.reset[t, i]:
+                    history[i] = []
+                history[i].append((seg.inputs[t, i], seg.rewards[t, i]))
+    assert checked >= 6
+    assert (segments[0].truncation_value != 0).any()
+
+
+def test_truncation_bootstrap_adds_gamma_times_the_value_to_the_reward():
+    """The targets with bootstrap_truncation equal V-trace's on rewards that carry gamma * truncation_value (the
+    discount stays 0 at the cut); without the option the field is ignored; off by default (the paper's R2AC)."""
+    from onlinerec.rl.r2ac import R2ACConfig
+    from onlinerec.rl.vtrace import vtrace
+
+    torch.manual_seed(0)
+    on = R2AC(3, (3,), cell="elstm", hidden_size=8, stem="mlp", fc_size=6, config=R2ACConfig(bootstrap_truncation=True))
+    off = R2AC(3, (3,), cell="elstm", hidden_size=8, stem="mlp", fc_size=6)
+    off.load_state_dict(on.state_dict())
+    assert off.config.bootstrap_truncation is False
+    seg = RolloutStream(
+        SyncVectorEnv([lambda n=n: TimedOut(n) for n in [2, 3]], autoreset_mode=AutoresetMode.SAME_STEP), on
+    ).next_segment(4)
+    assert (seg.truncation_value != 0).any()
+    m = seg.length - 1
+    values, bootstrap = torch.randn(m, 2), torch.randn(2)
+    logp = torch.log_softmax(torch.randn(m, 2, 3), -1).gather(-1, seg.actions[1:].unsqueeze(-1)).squeeze(-1)
+    gamma = on.config.discount
+    vs, adv = on._targets(logp, values, bootstrap, seg)
+    ref_vs, ref_adv = vtrace(
+        seg.behaviour_logp[1:],
+        logp,
+        seg.rewards[1:].clamp(-1, 1) + gamma * seg.truncation_value[1:],
+        gamma * (~seg.reset[1:]).float(),
+        values,
+        bootstrap,
+    )
+    torch.testing.assert_close((vs, adv), (ref_vs, ref_adv))
+    plain = off._targets(logp, values, bootstrap, seg)
+    ref_plain = vtrace(
+        seg.behaviour_logp[1:], logp, seg.rewards[1:].clamp(-1, 1), gamma * (~seg.reset[1:]).float(), values, bootstrap
+    )
+    torch.testing.assert_close(plain, ref_plain)
+    assert not torch.allclose(plain[0], vs)
