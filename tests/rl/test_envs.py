@@ -573,7 +573,7 @@ def test_popgym_envs_that_need_the_previous_action_get_it():
     # an env whose observation is enough keeps it as it is, unless asked
     assert make_vector_env("popgym:RepeatPreviousEasy", 1).single_observation_space.shape == (4,)
     assert make_vector_env("popgym:RepeatPreviousEasy", 1, prev_action=True).single_observation_space.shape == (8,)
-    with pytest.raises(TypeError, match=r"popgym:MultiarmedBanditEasy does not take env_kwargs \['prev_actoin'\]"):
+    with pytest.raises(ValueError, match=r"popgym:MultiarmedBanditEasy does not take env_kwargs \['prev_actoin'\]"):
         make_vector_env("popgym:MultiarmedBanditEasy", 1, prev_actoin=False)  # a typo names itself
 
 

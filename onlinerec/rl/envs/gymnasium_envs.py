@@ -311,7 +311,7 @@ def make_popgym(
             import inspect
 
             takes = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
-            raise TypeError(
+            raise ValueError(  # a bad setting, reported as one line by the CLI
                 f"{env_id} does not take env_kwargs {sorted(env_kwargs)} ({e}); the env takes "
                 f"{takes or 'no arguments'}, and onlinerec adds prev_action, wrappers and vectorization."
             ) from e
