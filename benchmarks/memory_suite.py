@@ -29,6 +29,8 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
 - **Time limits bootstrapped** (``lru_zoo_boot_passes``, not run by default): ``lru_zoo_passes`` with
   ``bootstrap_truncation``, so that CartPole's 500-step limit is not taught as a failure (RecurrentPPO bootstraps there
   through sb3); added after the other CartPoleNoVel arms were seen to reach 500 and fall back.
+- **The anti-collapse pair on CartPoleNoVel** (``lru_zoo_norm_passes``, not run by default): ``lru_zoo_passes`` with
+  ``core_norm`` and without advantage normalisation, as ``lru_mixed_norm``; added after the CartPoleNoVel collapses.
 - **The ablation** (``--methods rtrl_rnorm rtrl_anorm rtrl_adam rtrl_ppo``, not run by default): each of those
   changes alone on top of the paper's R2AC-RTRL (return normalisation; advantage normalisation; mean losses with
   Adam; 4 clipped-ratio passes).
@@ -228,6 +230,14 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
         "method": "rtrl", "cell": "lru", "cell_kwargs": {},
         "r2ac": {**_PASSES, "obs_norm": True, "discount": 0.98, "entropy_cost": 0.0, "bootstrap_truncation": True},
     },
+    # lru_zoo_passes with the anti-collapse pair of lru_mixed_norm (core_norm, no advantage normalisation): when the
+    # pole stays up, a segment's advantages are value noise that per-step normalisation blows up to unit size; added
+    # after the CartPoleNoVel collapses, CartPoleNoVel only
+    "lru_zoo_norm_passes": {
+        "method": "rtrl", "cell": "lru", "cell_kwargs": {},
+        "r2ac": {**_PASSES, "obs_norm": True, "discount": 0.98, "entropy_cost": 0.0, "advantage_norm": False},
+        "config": {"core_norm": True},
+    },
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},
@@ -238,7 +248,7 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 ABLATION = ["rtrl_rnorm", "rtrl_anorm", "rtrl_adam", "rtrl_ppo"]
 """Arms that are run only when named (``--methods``): not part of the default suite."""
-ENV_SPECIFIC = ["lru_zoo_passes", "lru_zoo_boot_passes"]
+ENV_SPECIFIC = ["lru_zoo_passes", "lru_zoo_boot_passes", "lru_zoo_norm_passes"]
 """Arms set from one env's tuned recipe, run only when named (``--methods``)."""
 METHODS = [*(m for m in R2AC_METHODS if m not in ABLATION + ENV_SPECIFIC), "ppo_lstm"]
 EVAL_EPISODES = 32
