@@ -121,18 +121,18 @@ _SB3_MATCHED: dict[str, Any] = {"n_envs": 16, "policy_kwargs": {"lstm_hidden_siz
 # 1,000: 15 (env, seed) pairs cost about 5.5 CPU-hours, i.e. about 3 hours on the 2-core machine when it is idle.
 BUDGET = 100_000
 
+
+def _popgym(name: str, random_return: float | None, window: int = 100) -> EnvSpec:
+    """A POPGym env with the suite's budget, R2AC's common settings and RecurrentPPO's matched defaults."""
+    return EnvSpec(
+        f"popgym:{name}", steps=BUDGET, window=window, r2ac=_R2AC_COMMON, sb3=_SB3_MATCHED, random_return=random_return
+    )
+
+
 ENVS: dict[str, EnvSpec] = {
-    "RepeatPreviousEasy": EnvSpec(
-        "popgym:RepeatPreviousEasy", steps=BUDGET, window=100, r2ac=_R2AC_COMMON, sb3=_SB3_MATCHED,
-        random_return=-0.5,
-    ),
-    "RepeatFirstEasy": EnvSpec(
-        "popgym:RepeatFirstEasy", steps=BUDGET, window=100, r2ac=_R2AC_COMMON, sb3=_SB3_MATCHED,
-        random_return=-0.5,
-    ),
-    "CountRecallEasy": EnvSpec(
-        "popgym:CountRecallEasy", steps=BUDGET, window=100, r2ac=_R2AC_COMMON, sb3=_SB3_MATCHED,
-    ),
+    "RepeatPreviousEasy": _popgym("RepeatPreviousEasy", -0.5),
+    "RepeatFirstEasy": _popgym("RepeatFirstEasy", -0.5),
+    "CountRecallEasy": _popgym("CountRecallEasy", None),
     "MiniGridMemoryS7": EnvSpec(
         "MiniGrid-MemoryS7-v0", steps=BUDGET, window=50,
         r2ac={**_R2AC_COMMON, "hidden_size": 128, "fc_size": 128},
@@ -150,28 +150,13 @@ ENVS: dict[str, EnvSpec] = {
     ),
     # held out: POPGym memory envs on which no R2AC setting was chosen (issue 13's "envs it was not tuned on");
     # run only when named (--envs), random returns measured with 8 x 3,000 uniform actions
-    "AutoencodeEasy": EnvSpec(
-        "popgym:AutoencodeEasy", steps=BUDGET, window=100, r2ac=_R2AC_COMMON, sb3=_SB3_MATCHED,
-        random_return=-0.5,
-    ),
-    "MultiarmedBanditEasy": EnvSpec(
-        "popgym:MultiarmedBanditEasy", steps=BUDGET, window=50, r2ac=_R2AC_COMMON, sb3=_SB3_MATCHED,
-        random_return=0.0,
-    ),
+    "AutoencodeEasy": _popgym("AutoencodeEasy", -0.5),
+    "MultiarmedBanditEasy": _popgym("MultiarmedBanditEasy", 0.0, window=50),
     # three more POPGym games, named before any run on them (the first two need the previous action, which the
     # adapter adds since the bandit showed it missing)
-    "BattleshipEasy": EnvSpec(
-        "popgym:BattleshipEasy", steps=BUDGET, window=100, r2ac=_R2AC_COMMON, sb3=_SB3_MATCHED,
-        random_return=-0.456,
-    ),
-    "MineSweeperEasy": EnvSpec(
-        "popgym:MineSweeperEasy", steps=BUDGET, window=100, r2ac=_R2AC_COMMON, sb3=_SB3_MATCHED,
-        random_return=-0.229,
-    ),
-    "HigherLowerEasy": EnvSpec(
-        "popgym:HigherLowerEasy", steps=BUDGET, window=100, r2ac=_R2AC_COMMON, sb3=_SB3_MATCHED,
-        random_return=0.006,
-    ),
+    "BattleshipEasy": _popgym("BattleshipEasy", -0.456),
+    "MineSweeperEasy": _popgym("MineSweeperEasy", -0.229),
+    "HigherLowerEasy": _popgym("HigherLowerEasy", 0.006),
 }  # fmt: skip
 HELD_OUT = ["AutoencodeEasy", "MultiarmedBanditEasy", "BattleshipEasy", "MineSweeperEasy", "HigherLowerEasy"]
 """Envs no setting was chosen on; not part of the default suite (``--envs`` names them)."""
@@ -181,6 +166,9 @@ _PASSES: dict[str, Any] = {
     "lr": 1.0e-3, "adam_eps": 1.0e-5, "epochs": 4, "ppo_clip": 0.2, "grad_clip": 0.5,
 }  # fmt: skip
 """Issue 13's options, one setting fixed before any run (PPO's usual values; not tuned)."""
+_ZOO: dict[str, Any] = {**_PASSES, "obs_norm": True, "discount": 0.98, "entropy_cost": 0.0}
+"""``_PASSES`` with rl-zoo's CartPoleNoVel recipe where R2AC has the setting (observations normalised, gamma 0.98,
+no entropy bonus): the ``lru_zoo*`` arms."""
 _SLOW_LRU: dict[str, Any] = {"r_min": 0.95, "max_phase": 0.314}
 """LRUCell initialised for long memory (the ``lru_slow_passes`` arm)."""
 
@@ -221,21 +209,21 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
     # (its tuned RecurrentPPO's gamma and ent_coef); set from that recipe before any run, for CartPoleNoVel only
     "lru_zoo_passes": {
         "method": "rtrl", "cell": "lru", "cell_kwargs": {},
-        "r2ac": {**_PASSES, "obs_norm": True, "discount": 0.98, "entropy_cost": 0.0},
+        "r2ac": _ZOO,
     },
     # lru_zoo_passes bootstrapping where CartPole's 500-step time limit cuts an episode (bootstrap_truncation), as
     # RecurrentPPO does through sb3's TimeLimit.truncated; added after lru_zoo_passes and lru_obs_passes were seen to
     # reach 500 and fall back, CartPoleNoVel only
     "lru_zoo_boot_passes": {
         "method": "rtrl", "cell": "lru", "cell_kwargs": {},
-        "r2ac": {**_PASSES, "obs_norm": True, "discount": 0.98, "entropy_cost": 0.0, "bootstrap_truncation": True},
+        "r2ac": {**_ZOO, "bootstrap_truncation": True},
     },
     # lru_zoo_passes with the anti-collapse pair of lru_mixed_norm (core_norm, no advantage normalisation): when the
     # pole stays up, a segment's advantages are value noise that per-step normalisation blows up to unit size; added
     # after the CartPoleNoVel collapses, CartPoleNoVel only
     "lru_zoo_norm_passes": {
         "method": "rtrl", "cell": "lru", "cell_kwargs": {},
-        "r2ac": {**_PASSES, "obs_norm": True, "discount": 0.98, "entropy_cost": 0.0, "advantage_norm": False},
+        "r2ac": {**_ZOO, "advantage_norm": False},
         "config": {"core_norm": True},
     },
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)

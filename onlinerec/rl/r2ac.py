@@ -407,13 +407,15 @@ class R2AC(OnlineRecurrentModule):
         of episodes cut by a time limit, with the reward that came with them), from its carried state, which is not
         advanced. Equals the value :meth:`act` would compute next if the episode had gone on."""
         x = self.features(_map(obs, lambda v: v.unsqueeze(0)), reward.unsqueeze(0))
-        h = (
-            x
-            if self.feed_forward
-            else self.cell.readout(
-                self.lookahead(x, torch.zeros_like(reward, dtype=torch.bool).unsqueeze(0), stream), x
-            )
-        )
+        return self._value_ahead(x, torch.zeros_like(x[..., 0], dtype=torch.bool), stream)
+
+    @torch.no_grad()
+    def _value_ahead(self, x: Tensor, reset: Tensor, stream: str) -> Tensor:
+        """Value (B,) of one step of core inputs x (1, B, D) that follows ``stream``'s carry, which stays where it is
+        (the learner's bootstrap value at entry M; the actor's value of a truncated episode's final observation)."""
+        h = x.detach()
+        if not self.feed_forward:
+            h = self.cell.readout(self.lookahead(h, reset, stream), h)
         return self.heads(h[0])[1]
 
     def env_actions(self, actions: Tensor) -> Tensor:
@@ -428,11 +430,7 @@ class R2AC(OnlineRecurrentModule):
         m = segment.length - 1
         x = self.features(segment.inputs, segment.rewards)
         logits, values = self.heads(self(x[:m], segment.reset[:m], "train"))
-        with torch.no_grad():
-            h_boot = x[m:].detach()  # entry M, from the carry at the segment's end, which stays where it is
-            if not self.feed_forward:
-                h_boot = self.cell.readout(self.lookahead(h_boot, segment.reset[m:]), h_boot)
-            _, bootstrap = self.heads(h_boot[0])
+        bootstrap = self._value_ahead(x[m:], segment.reset[m:], "train")  # entry M, from the carry at the segment's end
         return logits, values, bootstrap
 
     @override
