@@ -8,6 +8,7 @@ registered name is also a Trainer alias (``Trainer(strategy="rtrl")``, M = 50).
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import os
 from typing import Any, ClassVar
@@ -112,11 +113,35 @@ class OnlineStrategy(DDPStrategy):
     def setup_distributed(self) -> None:
         if self.world_size > 1:
             super().setup_distributed()
+            destroy_process_group_at_exit()
         else:
             self.set_world_ranks()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(M={self.M}, method={self.method!r})"
+
+
+_DESTROY_AT_EXIT = False
+
+
+def destroy_process_group_at_exit() -> None:
+    """Destroy the default process group when the interpreter exits, while Python is still alive (once per process).
+
+    Lightning registers this for NCCL only. A gloo process group left to the interpreter's finalisation can abort
+    the process (SIGABRT, "terminate called without an active exception") after training has finished and
+    every checkpoint was written, so that a successful CPU DDP run exits with status -6.
+    """
+    global _DESTROY_AT_EXIT
+    if not _DESTROY_AT_EXIT:
+        atexit.register(_destroy_process_group)
+        _DESTROY_AT_EXIT = True
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():  # a no-op when the user destroyed it already
+        dist.destroy_process_group()
 
 
 def set_cpu_threads(threads: int | str | None) -> None:

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -118,6 +119,10 @@ def carry_of(model) -> dict[str, torch.Tensor]:
 
 # -- the 2-process script ---------------------------------------------------------------------------------------
 def script_main(out: Path, launcher: str) -> None:
+    import atexit
+
+    # registered before any strategy's own exit hook, so it runs after it (atexit is last in, first out)
+    atexit.register(record_group_at_exit, out)
     torch.set_num_threads(1)
     devices = 2
     results = {}
@@ -183,6 +188,11 @@ def script_main(out: Path, launcher: str) -> None:
     (out / f"unsharded_rank{trainer.global_rank}.json").write_text(json.dumps({"message": message}))
     if rank == 0:
         (out / "done.json").write_text(json.dumps({"world_size": results, "launcher": launcher}))
+
+
+def record_group_at_exit(out: Path) -> None:
+    rank = os.environ.get("LOCAL_RANK", "0")
+    (out / f"exit_rank{rank}.json").write_text(json.dumps({"initialized": torch.distributed.is_initialized()}))
 
 
 R2AC_STEPS, R2AC_ENVS = 3, 3
@@ -388,6 +398,16 @@ def test_ddp_r2ac_trains_on_two_processes_and_resumes(ddp_run):
         carries = saved["onlinerec"]["rank_carries"][r]
         assert {"train", "act"} <= set(carries) and "input_proj.weight" in carries["train"]["sensitivities"]
         torch.testing.assert_close(carries["train"]["c"], res[r]["carry_c"], rtol=0, atol=0)
+
+
+def test_ddp_process_group_is_destroyed_before_the_interpreter_exits(ddp_run):
+    """A gloo group left to the interpreter's finalisation can abort a finished run (SIGABRT, exit status -6)."""
+    paths = [ddp_run / f"exit_rank{r}.json" for r in (0, 1)]
+    deadline = time.monotonic() + 60  # rank 1 is rank 0's child and may still be exiting
+    while not all(p.exists() for p in paths) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for path in paths:
+        assert json.loads(path.read_text()) == {"initialized": False}, path.name
 
 
 @pytest.mark.slow
