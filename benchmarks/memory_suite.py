@@ -31,12 +31,15 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   through sb3); added after the other CartPoleNoVel arms were seen to reach 500 and fall back.
 - **The anti-collapse pair on CartPoleNoVel** (``lru_zoo_norm_passes``, not run by default): ``lru_zoo_passes`` with
   ``core_norm`` and without advantage normalisation, as ``lru_mixed_norm``; added after the CartPoleNoVel collapses.
+- **One setting for every env** (``lru_mixed_norm_ent3``, not run by default; ``examples/configs/popgym.yaml`` since
+  session 11): ``lru_mixed_norm`` with entropy cost 1e-3 instead of 0.01; chosen after seed-0 probes on
+  CountRecallEasy, MiniGridMemoryS7 and CartPoleNoVel.
 - **The ablation** (``--methods rtrl_rnorm rtrl_anorm rtrl_adam rtrl_ppo``, not run by default): each of those
   changes alone on top of the paper's R2AC-RTRL (return normalisation; advantage normalisation; mean losses with
   Adam; 4 clipped-ratio passes).
 - **Held-out envs** (``--envs AutoencodeEasy MultiarmedBanditEasy BattleshipEasy MineSweeperEasy HigherLowerEasy``,
-  not run by default): POPGym memory envs on which no setting of any arm was chosen, for the shipped POPGym config
-  (``lru_mixed_passes``) against RecurrentPPO.
+  not run by default): POPGym memory envs on which no setting of any arm was chosen, for the POPGym configs
+  (``lru_mixed_passes``, then ``lru_mixed_norm_ent3``) against RecurrentPPO.
 - **RecurrentPPO arm** (``ppo_lstm``): ``python benchmarks/memory_suite.py sb3 --env <name> --seed <k> --out ...``.
   Its envs are onlinerec's (``onlinerec.rl.envs.make_vector_env`` with the same env id and kwargs, behind a thin
   sb3 ``VecEnv`` adapter; SAME_STEP autoreset is sb3's own convention), seeded with the same
@@ -226,6 +229,13 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
         "r2ac": {**_ZOO, "advantage_norm": False},
         "config": {"core_norm": True},
     },
+    # lru_mixed_norm with a tenth of the entropy bonus: without advantage normalisation the bonus (0.01) is no longer
+    # small against the policy gradient, and lru_mixed_norm's CountRecallEasy policy stayed stochastic (final -0.70,
+    # greedy -0.56); a candidate for one setting on every env, added in session 11 (run only when named)
+    "lru_mixed_norm_ent3": {
+        "method": "rtrl", "cell": "lru", "cell_kwargs": {"slow_fraction": 0.5},
+        "r2ac": {**_PASSES, "advantage_norm": False, "entropy_cost": 1.0e-3}, "config": {"core_norm": True},
+    },
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},
@@ -238,7 +248,11 @@ ABLATION = ["rtrl_rnorm", "rtrl_anorm", "rtrl_adam", "rtrl_ppo"]
 """Arms that are run only when named (``--methods``): not part of the default suite."""
 ENV_SPECIFIC = ["lru_zoo_passes", "lru_zoo_boot_passes", "lru_zoo_norm_passes"]
 """Arms set from one env's tuned recipe, run only when named (``--methods``)."""
-METHODS = [*(m for m in R2AC_METHODS if m not in ABLATION + ENV_SPECIFIC), "ppo_lstm"]
+CANDIDATES = ["lru_mixed_norm_ent3"]
+"""Candidates for one setting on every env, run only when named (``--methods``)."""
+SHIPPED_POPGYM_ARM = "lru_mixed_norm_ent3"
+"""The arm that ``examples/configs/popgym.yaml`` packages (a test keeps them equal)."""
+METHODS = [*(m for m in R2AC_METHODS if m not in ABLATION + ENV_SPECIFIC + CANDIDATES), "ppo_lstm"]
 EVAL_EPISODES = 32
 
 
@@ -620,7 +634,9 @@ def report(out: Path) -> Path | None:
         print("no finished runs yet")
         return None
     envs = [e for e in ENVS if any(r["env"] == e for r in records)]
-    methods = sorted({r["method"] for r in records}, key=lambda m: (METHODS + ENV_SPECIFIC + ABLATION + [m]).index(m))
+    methods = sorted(
+        {r["method"] for r in records}, key=lambda m: (METHODS + ENV_SPECIFIC + CANDIDATES + ABLATION + [m]).index(m)
+    )
     lines = [
         "| env | method | seeds | budget (agent steps) | final | MMER | AUC | greedy eval | wall min / run | CPU min / run |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -695,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run every job that has no JSON yet, then report")
     run.add_argument("--out", default="runs/memory_suite")
     run.add_argument("--envs", nargs="+", default=[e for e in ENVS if e not in HELD_OUT], choices=list(ENVS))
-    run.add_argument("--methods", nargs="+", default=METHODS, choices=[*METHODS, *ENV_SPECIFIC, *ABLATION])
+    run.add_argument("--methods", nargs="+", default=METHODS, choices=[*METHODS, *ENV_SPECIFIC, *CANDIDATES, *ABLATION])
     run.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     run.add_argument("--jobs", type=int, default=2)
     run.add_argument("--budget-scale", type=float, default=1.0, help="multiply every env's agent-step budget")

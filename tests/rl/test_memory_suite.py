@@ -90,13 +90,14 @@ def test_rl_zoo_normalize_wraps_training_and_evaluation_sees_the_same_scaling(tm
     assert all(v > 5 for v in record["curve"] if np.isfinite(v))  # the env's own returns, not normalised rewards
 
 
-def test_the_shipped_popgym_config_is_the_suites_lru_mixed_passes_arm(tmp_path):
+def test_the_shipped_popgym_config_is_the_suites_lru_mixed_norm_ent3_arm(tmp_path):
     import yaml
 
     shipped = yaml.safe_load((suite.REPO / "examples" / "configs" / "popgym.yaml").read_text())
-    arm = suite.r2ac_config("RepeatPreviousEasy", "lru_mixed_passes", 0, tmp_path, 100_000)
-    for key in ("env", "num_envs", "M", "cell", "hidden_size", "stem", "fc_size", "total_frames", "eval_episodes"):
-        assert shipped[key] == arm[key], key
+    arm = suite.r2ac_config("RepeatPreviousEasy", suite.SHIPPED_POPGYM_ARM, 0, tmp_path, 100_000)
+    keys = ("env", "num_envs", "M", "cell", "hidden_size", "stem", "fc_size", "core_norm", "total_frames")
+    for key in (*keys, "eval_episodes"):
+        assert shipped.get(key) == arm.get(key), key
     assert shipped.get("cell_kwargs", {}) == arm["cell_kwargs"]
     assert {k: v for k, v in arm["r2ac"].items() if k != "return_window"} == shipped["r2ac"]
 
