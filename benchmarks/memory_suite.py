@@ -252,7 +252,9 @@ CANDIDATES = ["lru_mixed_norm_ent3"]
 """Candidates for one setting on every env, run only when named (``--methods``)."""
 SHIPPED_POPGYM_ARM = "lru_mixed_norm_ent3"
 """The arm that ``examples/configs/popgym.yaml`` packages (a test keeps them equal)."""
-METHODS = [*(m for m in R2AC_METHODS if m not in ABLATION + ENV_SPECIFIC + CANDIDATES), "ppo_lstm"]
+NAMED_ONLY = ENV_SPECIFIC + CANDIDATES + ABLATION
+"""Every arm outside the default suite."""
+METHODS = [*(m for m in R2AC_METHODS if m not in NAMED_ONLY), "ppo_lstm"]
 EVAL_EPISODES = 32
 
 
@@ -634,9 +636,7 @@ def report(out: Path) -> Path | None:
         print("no finished runs yet")
         return None
     envs = [e for e in ENVS if any(r["env"] == e for r in records)]
-    methods = sorted(
-        {r["method"] for r in records}, key=lambda m: (METHODS + ENV_SPECIFIC + CANDIDATES + ABLATION + [m]).index(m)
-    )
+    methods = sorted({r["method"] for r in records}, key=lambda m: (METHODS + NAMED_ONLY + [m]).index(m))
     lines = [
         "| env | method | seeds | budget (agent steps) | final | MMER | AUC | greedy eval | wall min / run | CPU min / run |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -711,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run every job that has no JSON yet, then report")
     run.add_argument("--out", default="runs/memory_suite")
     run.add_argument("--envs", nargs="+", default=[e for e in ENVS if e not in HELD_OUT], choices=list(ENVS))
-    run.add_argument("--methods", nargs="+", default=METHODS, choices=[*METHODS, *ENV_SPECIFIC, *CANDIDATES, *ABLATION])
+    run.add_argument("--methods", nargs="+", default=METHODS, choices=[*METHODS, *NAMED_ONLY])
     run.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     run.add_argument("--jobs", type=int, default=2)
     run.add_argument("--budget-scale", type=float, default=1.0, help="multiply every env's agent-step budget")

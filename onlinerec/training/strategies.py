@@ -121,9 +121,6 @@ class OnlineStrategy(DDPStrategy):
         return f"{type(self).__name__}(M={self.M}, method={self.method!r})"
 
 
-_DESTROY_AT_EXIT = False
-
-
 def destroy_process_group_at_exit() -> None:
     """Destroy the default process group when the interpreter exits, while Python is still alive (once per process).
 
@@ -131,10 +128,8 @@ def destroy_process_group_at_exit() -> None:
     the process (SIGABRT, "terminate called without an active exception") after training has finished and
     every checkpoint was written, so that a successful CPU DDP run exits with status -6.
     """
-    global _DESTROY_AT_EXIT
-    if not _DESTROY_AT_EXIT:
-        atexit.register(_destroy_process_group)
-        _DESTROY_AT_EXIT = True
+    atexit.unregister(_destroy_process_group)  # registered once however many fits run in this process
+    atexit.register(_destroy_process_group)
 
 
 def _destroy_process_group() -> None:
