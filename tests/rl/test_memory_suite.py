@@ -90,7 +90,7 @@ def test_rl_zoo_normalize_wraps_training_and_evaluation_sees_the_same_scaling(tm
     assert all(v > 5 for v in record["curve"] if np.isfinite(v))  # the env's own returns, not normalised rewards
 
 
-def test_the_shipped_popgym_config_is_the_suites_lru_mixed_norm_ent3_arm(tmp_path):
+def test_the_shipped_popgym_config_is_the_suites_shipped_arm(tmp_path):
     import yaml
 
     shipped = yaml.safe_load((suite.REPO / "examples" / "configs" / "popgym.yaml").read_text())
