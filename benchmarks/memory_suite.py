@@ -43,6 +43,8 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
 - **Held-out envs** (``--envs AutoencodeEasy MultiarmedBanditEasy BattleshipEasy MineSweeperEasy HigherLowerEasy``,
   not run by default): POPGym memory envs on which no setting of any arm was chosen, for the POPGym configs
   (``lru_mixed_passes``, ``lru_mixed_norm_ent3``, then ``lru_mixed_norm_pg``) against RecurrentPPO.
+- **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3``, not run by default): ``ppo_lstm`` with
+  one setting changed (entropy bonus 0.01; learning rate 1e-3), for a tuning budget like R2AC's (``SB3_TUNING``).
 - **RecurrentPPO arm** (``ppo_lstm``): ``python benchmarks/memory_suite.py sb3 --env <name> --seed <k> --out ...``.
   Its envs are onlinerec's (``onlinerec.rl.envs.make_vector_env`` with the same env id and kwargs, behind a thin
   sb3 ``VecEnv`` adapter; SAME_STEP autoreset is sb3's own convention), seeded with the same
@@ -258,6 +260,12 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
     }},
     "rtrl_ppo": {"method": "rtrl", "cell": "elstm", "r2ac": {"epochs": 4, "ppo_clip": 0.2}},
 }  # fmt: skip
+SB3_TUNING: dict[str, dict[str, Any]] = {
+    "ppo_lstm_ent01": {"ent_coef": 0.01},  # an entropy bonus (sb3-contrib's default has none)
+    "ppo_lstm_lr1e3": {"learning_rate": 1.0e-3},  # rl-zoo's tuned CartPoleNoVel lr, held constant
+}
+"""RecurrentPPO with one setting changed from the env's ``sb3`` values: its tuning runs (issue 13 asks for the same
+budget of tuning runs as R2AC's), set before any run; run only when named (``--methods``)."""
 ABLATION = ["rtrl_rnorm", "rtrl_anorm", "rtrl_adam", "rtrl_ppo"]
 """Arms that are run only when named (``--methods``): not part of the default suite."""
 ENV_SPECIFIC = ["lru_zoo_passes", "lru_zoo_boot_passes", "lru_zoo_norm_passes"]
@@ -266,7 +274,7 @@ CANDIDATES = ["lru_mixed_norm_ent3", "lru_mixed_norm_pg"]
 """Candidates for one setting on every env, run only when named (``--methods``)."""
 SHIPPED_POPGYM_ARM = "lru_mixed_norm_pg"
 """The arm that ``examples/configs/popgym.yaml`` packages (a test keeps them equal)."""
-NAMED_ONLY = ENV_SPECIFIC + CANDIDATES + ABLATION
+NAMED_ONLY = ENV_SPECIFIC + CANDIDATES + ABLATION + list(SB3_TUNING)
 """Every arm outside the default suite."""
 METHODS = [*(m for m in R2AC_METHODS if m not in NAMED_ONLY), "ppo_lstm"]
 EVAL_EPISODES = 32
@@ -450,12 +458,19 @@ def _schedule(value: Any) -> Any:
     return value
 
 
-def sb3_args(name: str, seed: int, steps: int, out_json: Path) -> list[str]:
-    return ["--env", name, "--seed", str(seed), "--steps", str(steps), "--json", str(out_json)]
+def sb3_args(name: str, seed: int, steps: int, out_json: Path, method: str = "ppo_lstm") -> list[str]:
+    args = ["--env", name, "--seed", str(seed), "--steps", str(steps), "--json", str(out_json)]
+    return args if method == "ppo_lstm" else [*args, "--variant", method]
 
 
-def run_sb3(name: str, seed: int, out_json: Path, steps: int) -> dict[str, Any]:
-    """Train RecurrentPPO for ``steps`` agent steps, evaluate it deterministically, return the job's record."""
+def sb3_settings(name: str, method: str = "ppo_lstm") -> dict[str, Any]:
+    """RecurrentPPO's settings for env ``name``: the env's ``sb3`` values, with a ``SB3_TUNING`` variant's change."""
+    return {**ENVS[name].sb3, **SB3_TUNING.get(method, {})}
+
+
+def run_sb3(name: str, seed: int, out_json: Path, steps: int, method: str = "ppo_lstm") -> dict[str, Any]:
+    """Train RecurrentPPO (``method``: ``ppo_lstm`` or a ``SB3_TUNING`` variant) for ``steps`` agent steps, evaluate
+    it deterministically, return the job's record."""
     import torch
     from sb3_contrib import RecurrentPPO
 
@@ -463,10 +478,11 @@ def run_sb3(name: str, seed: int, out_json: Path, steps: int) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     spec = ENVS[name]
-    hp = {k: _schedule(v) for k, v in spec.sb3.items() if k not in ("n_envs", "normalize")}
-    n_envs = int(spec.sb3.get("n_envs", 8))
+    settings = sb3_settings(name, method)
+    hp = {k: _schedule(v) for k, v in settings.items() if k not in ("n_envs", "normalize")}
+    n_envs = int(settings.get("n_envs", 8))
     env = raw = sb3_vec_env(spec.env, n_envs, run_env_seed(seed, purpose="train"), spec.env_kwargs)
-    if spec.sb3.get("normalize"):  # rl-zoo's `normalize: true`: observations and rewards, with the run's gamma
+    if settings.get("normalize"):  # rl-zoo's `normalize: true`: observations and rewards, with the run's gamma
         from stable_baselines3.common.vec_env import VecNormalize
 
         env = VecNormalize(raw, gamma=hp.get("gamma", 0.99))
@@ -479,8 +495,10 @@ def run_sb3(name: str, seed: int, out_json: Path, steps: int) -> dict[str, Any]:
     eval_returns = evaluate_sb3(model, spec, seed, env.normalize_obs if env is not raw else None)
     env.close()
     return {
-        "command": shlex.join(["python", "benchmarks/memory_suite.py", "sb3", *sb3_args(name, seed, steps, out_json)]),
-        "config": {"env": spec.env, "env_kwargs": spec.env_kwargs, **spec.sb3, "source": spec.sb3_source},
+        "command": shlex.join(
+            ["python", "benchmarks/memory_suite.py", "sb3", *sb3_args(name, seed, steps, out_json, method)]
+        ),
+        "config": {"env": spec.env, "env_kwargs": spec.env_kwargs, **settings, "source": spec.sb3_source},
         "train_seconds": train_seconds,
         "steps": int(raw.steps),
         "grid": grid,
@@ -528,13 +546,13 @@ def job_path(out: Path, name: str, method: str, seed: int) -> Path:
 def run_job(name: str, method: str, seed: int, out: Path, steps: int, cell: str | None) -> dict[str, Any]:
     path = job_path(out, name, method, seed)
     start = time.perf_counter()
-    if method == "ppo_lstm":
+    if method == "ppo_lstm" or method in SB3_TUNING:
         path.parent.mkdir(parents=True, exist_ok=True)
         cmd = [
             sys.executable,
             str(Path(__file__).resolve()),
             "sb3",
-            *sb3_args(name, seed, steps, path.with_suffix(".partial")),
+            *sb3_args(name, seed, steps, path.with_suffix(".partial"), method),
         ]
         code, cpu = run_child(cmd, path.with_suffix(".log"))
         if code != 0:
@@ -738,6 +756,7 @@ def main(argv: list[str] | None = None) -> int:
     one.add_argument("--seed", type=int, required=True)
     one.add_argument("--steps", type=int, default=None)
     one.add_argument("--json", required=True)
+    one.add_argument("--variant", default="ppo_lstm", choices=["ppo_lstm", *SB3_TUNING], help="a tuning run's change")
     args = parser.parse_args(argv)
     if args.command == "run":
         if args.preview:
@@ -747,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
         report(Path(args.out))
     else:
         steps = args.steps or ENVS[args.env].steps
-        record = run_sb3(args.env, args.seed, Path(args.json), steps)
+        record = run_sb3(args.env, args.seed, Path(args.json), steps, args.variant)
         Path(args.json).write_text(json.dumps(record, indent=1))
     return 0
 

@@ -90,6 +90,24 @@ def test_rl_zoo_normalize_wraps_training_and_evaluation_sees_the_same_scaling(tm
     assert all(v > 5 for v in record["curve"] if np.isfinite(v))  # the env's own returns, not normalised rewards
 
 
+def test_a_recurrentppo_tuning_run_changes_one_setting_and_its_child_is_told_which(tmp_path):
+    base = suite.ENVS["CountRecallEasy"].sb3
+    assert suite.sb3_settings("CountRecallEasy") == base
+    assert suite.sb3_settings("CountRecallEasy", "ppo_lstm_ent01") == {**base, "ent_coef": 0.01}
+    assert "--variant" not in suite.sb3_args("CountRecallEasy", 0, 10, tmp_path / "a.json")
+    assert suite.sb3_args("CountRecallEasy", 0, 10, tmp_path / "a.json", "ppo_lstm_lr1e3")[-2:] == [
+        "--variant",
+        "ppo_lstm_lr1e3",
+    ]
+    assert set(suite.SB3_TUNING) <= set(suite.NAMED_ONLY)  # not in the default suite
+    with pytest.raises(SystemExit):  # an unknown variant is refused, not run as the default
+        suite.main(["sb3", "--env", "CountRecallEasy", "--seed", "0", "--json", str(tmp_path / "b.json"),
+                    "--variant", "ppo_lstm_typo"])  # fmt: skip
+    pytest.importorskip("sb3_contrib")
+    record = suite.run_sb3("RepeatPreviousEasy", 0, tmp_path / "c.json", 256, "ppo_lstm_ent01")
+    assert record["config"]["ent_coef"] == 0.01 and "--variant ppo_lstm_ent01" in record["command"]
+
+
 def test_the_shipped_popgym_config_is_the_suites_shipped_arm(tmp_path):
     import yaml
 
