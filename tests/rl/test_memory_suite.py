@@ -103,6 +103,9 @@ def test_a_recurrentppo_tuning_run_changes_one_setting_and_its_child_is_told_whi
     with pytest.raises(SystemExit):  # an unknown variant is refused, not run as the default
         suite.main(["sb3", "--env", "CountRecallEasy", "--seed", "0", "--json", str(tmp_path / "b.json"),
                     "--variant", "ppo_lstm_typo"])  # fmt: skip
+
+
+def test_a_recurrentppo_tuning_run_trains_with_its_change(tmp_path):
     pytest.importorskip("sb3_contrib")
     record = suite.run_sb3("RepeatPreviousEasy", 0, tmp_path / "c.json", 256, "ppo_lstm_ent01")
     assert record["config"]["ent_coef"] == 0.01 and "--variant ppo_lstm_ent01" in record["command"]
