@@ -236,8 +236,8 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
     },
     # lru_mixed_norm with a tenth of the entropy bonus: without advantage normalisation the bonus (0.01) is no longer
     # small against the policy gradient, and lru_mixed_norm's CountRecallEasy policy stayed stochastic (final -0.70,
-    # greedy -0.56); a candidate for one setting on every env, added in session 11 (run only when named), and
-    # examples/configs/popgym.yaml during session 11
+    # greedy -0.56); a candidate for one setting on every env (run only when named), examples/configs/popgym.yaml in
+    # session 11
     "lru_mixed_norm_ent3": {
         "method": "rtrl", "cell": "lru", "cell_kwargs": {"slow_fraction": 0.5},
         "r2ac": {**_PASSES, "advantage_norm": False, "entropy_cost": 1.0e-3}, "config": {"core_norm": True},
@@ -266,6 +266,8 @@ SB3_TUNING: dict[str, dict[str, Any]] = {
 }
 """RecurrentPPO with one setting changed from the env's ``sb3`` values: its tuning runs (issue 13 asks for the same
 budget of tuning runs as R2AC's), set before any run; run only when named (``--methods``)."""
+SB3_ARMS: dict[str, dict[str, Any]] = {"ppo_lstm": {}, **SB3_TUNING}
+"""Every RecurrentPPO arm and its change to the env's ``sb3`` values."""
 ABLATION = ["rtrl_rnorm", "rtrl_anorm", "rtrl_adam", "rtrl_ppo"]
 """Arms that are run only when named (``--methods``): not part of the default suite."""
 ENV_SPECIFIC = ["lru_zoo_passes", "lru_zoo_boot_passes", "lru_zoo_norm_passes"]
@@ -465,7 +467,7 @@ def sb3_args(name: str, seed: int, steps: int, out_json: Path, method: str = "pp
 
 def sb3_settings(name: str, method: str = "ppo_lstm") -> dict[str, Any]:
     """RecurrentPPO's settings for env ``name``: the env's ``sb3`` values, with a ``SB3_TUNING`` variant's change."""
-    return {**ENVS[name].sb3, **SB3_TUNING.get(method, {})}
+    return {**ENVS[name].sb3, **SB3_ARMS[method]}
 
 
 def run_sb3(name: str, seed: int, out_json: Path, steps: int, method: str = "ppo_lstm") -> dict[str, Any]:
@@ -546,7 +548,7 @@ def job_path(out: Path, name: str, method: str, seed: int) -> Path:
 def run_job(name: str, method: str, seed: int, out: Path, steps: int, cell: str | None) -> dict[str, Any]:
     path = job_path(out, name, method, seed)
     start = time.perf_counter()
-    if method == "ppo_lstm" or method in SB3_TUNING:
+    if method in SB3_ARMS:
         path.parent.mkdir(parents=True, exist_ok=True)
         cmd = [
             sys.executable,
@@ -756,7 +758,7 @@ def main(argv: list[str] | None = None) -> int:
     one.add_argument("--seed", type=int, required=True)
     one.add_argument("--steps", type=int, default=None)
     one.add_argument("--json", required=True)
-    one.add_argument("--variant", default="ppo_lstm", choices=["ppo_lstm", *SB3_TUNING], help="a tuning run's change")
+    one.add_argument("--variant", default="ppo_lstm", choices=list(SB3_ARMS), help="a tuning run's change")
     args = parser.parse_args(argv)
     if args.command == "run":
         if args.preview:
