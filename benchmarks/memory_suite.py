@@ -252,6 +252,20 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
         "r2ac": {**_PASSES, "advantage_norm": False, "entropy_cost": 3.0e-3, "baseline_cost": 0.1},
         "config": {"core_norm": True},
     },
+    # lru_mixed_norm_pg with a minGRU layer on top of the LRU (a pre-LayerNorm residual stack of the two): the LRU's
+    # recurrence is linear and does not read its input in its decay, so it cannot keep the first card of
+    # RepeatFirstEasy apart from the later ones; the minGRU's gate reads the LRU's output and can close after the
+    # first step. The stem is one narrower than the core (match_core_width: fc_size = hidden_size - 1, as the core
+    # also reads the reward) so that both layers keep the width and both residuals apply. Picked after seed-0 probes
+    # (a minGRU as wide as the LRU's 65 features, same otherwise: RepeatFirstEasy +0.29, CountRecallEasy -0.57,
+    # RepeatPreviousEasy +0.997; without the minGRU's residual CountRecallEasy fell to -0.77; two minGRU layers
+    # solved RepeatFirstEasy, +0.99, and lost CountRecallEasy, -0.86); session 13
+    "lru_mingru_pg": {
+        "method": "rtrl", "cell": ["lru", "mingru"],
+        "cell_kwargs": {"residual": True, "norm": "layer", "layer_kwargs": [{"slow_fraction": 0.5}, {}]},
+        "r2ac": {**_PASSES, "advantage_norm": False, "entropy_cost": 3.0e-3, "baseline_cost": 0.1},
+        "config": {"core_norm": True}, "match_core_width": True,
+    },
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},
@@ -272,7 +286,7 @@ ABLATION = ["rtrl_rnorm", "rtrl_anorm", "rtrl_adam", "rtrl_ppo"]
 """Arms that are run only when named (``--methods``): not part of the default suite."""
 ENV_SPECIFIC = ["lru_zoo_passes", "lru_zoo_boot_passes", "lru_zoo_norm_passes"]
 """Arms set from one env's tuned recipe, run only when named (``--methods``)."""
-CANDIDATES = ["lru_mixed_norm_ent3", "lru_mixed_norm_pg"]
+CANDIDATES = ["lru_mixed_norm_ent3", "lru_mixed_norm_pg", "lru_mingru_pg"]
 """Candidates for one setting on every env, run only when named (``--methods``)."""
 SHIPPED_POPGYM_ARM = "lru_mixed_norm_pg"
 """The arm that ``examples/configs/popgym.yaml`` packages (a test keeps them equal)."""
@@ -347,6 +361,8 @@ def r2ac_config(name: str, method: str, seed: int, out: Path, steps: int, cell: 
         tensorboard=False,
     )
     cfg.update(arm.get("config", {}))  # an arm's own ExperimentConfig fields (e.g. core_norm)
+    if arm.get("match_core_width"):  # the core reads fc_size + 1 features (with the reward): every layer's width
+        cfg["fc_size"] = cfg["hidden_size"] - 1
     if arm["cell"] is None:
         cfg.pop("cell_kwargs", None)
     return cfg

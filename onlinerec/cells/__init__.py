@@ -4,7 +4,7 @@ and :class:`Stack` for deep models."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from onlinerec.cells.base import ElementwiseCell, FullyRecurrentCell
@@ -39,13 +39,14 @@ CELLS: Registry[ElementwiseCell] = Registry(
 
 
 def make_cell(
-    cell: str | type | Mapping[str, Any] | ElementwiseCell,
+    cell: str | type | Mapping[str, Any] | ElementwiseCell | Sequence[str | type | Mapping[str, Any]],
     input_size: int,
     hidden_size: int,
     *,
     layers: int = 1,
     residual: bool = False,
     norm: str | None = None,
+    layer_kwargs: Sequence[Mapping[str, Any]] | None = None,
     **kwargs: Any,
 ) -> ElementwiseCell:
     """A cell from a registered name ("elstm", "lru", ...), a class path, a class, an instance, or a
@@ -58,9 +59,21 @@ def make_cell(
     units each, the first reading ``input_size`` features and each next one its predecessor's ``output_size``; every
     layer gets the same ``kwargs``. So a config or the command line names a deep model with the same three fields
     as a single cell (e.g. ``R2AC(cell="lru", cell_kwargs={"layers": 4, "residual": True})``).
+
+    A list of names (or classes, or specs) builds a :class:`Stack` of different cells, bottom first, with the same
+    width rule (e.g. ``make_cell(["lru", "mingru"], 65, 64, residual=True, norm="layer", layer_kwargs=[{"slow_fraction":
+    0.5}, {}])``: an LRU, whose output keeps its input's width, under a minGRU of 64 units). ``layer_kwargs`` gives
+    each layer's own arguments, one mapping per layer; ``kwargs`` must then be empty (the layers take different ones).
     """
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
         raise ValueError(f"layers must be a positive int, got {layers!r}.")
+    if isinstance(cell, Sequence) and not isinstance(cell, str):
+        return _mixed_stack(list(cell), input_size, hidden_size, layers, residual, norm, layer_kwargs, kwargs)
+    if layer_kwargs is not None:
+        raise ValueError(
+            "layer_kwargs (one mapping of arguments per layer) goes with a list of cells, e.g. cell=['lru', 'mingru']; "
+            f"for one kind of cell ({cell!r}) give its arguments directly."
+        )
     if isinstance(cell, Mapping):
         cell = build_cell_spec(cell)
     if layers > 1 or residual or norm is not None:
@@ -87,6 +100,46 @@ def make_cell(
             )
         return cell
     return CELLS.build(cell, input_size, hidden_size, **kwargs)
+
+
+def _mixed_stack(
+    cells: list[Any],
+    input_size: int,
+    hidden_size: int,
+    layers: int,
+    residual: bool,
+    norm: str | None,
+    layer_kwargs: Sequence[Mapping[str, Any]] | None,
+    kwargs: Mapping[str, Any],
+) -> Stack:
+    """make_cell's list form: one layer per entry, bottom first, each with its own entry of ``layer_kwargs``."""
+    if not cells:
+        raise ValueError("a list of cells needs at least one cell, e.g. ['lru', 'mingru'].")
+    if layers != 1:
+        raise ValueError(f"the list of cells {cells} already names the layers: leave layers out (got layers={layers}).")
+    if any(isinstance(c, ElementwiseCell) for c in cells):
+        raise ValueError(
+            "a list of cells takes names, classes or specs; to stack instances build Stack([...]) yourself."
+        )
+    if kwargs:
+        raise ValueError(
+            f"the layers {cells} take different arguments: give each its own in layer_kwargs (one mapping per layer, "
+            f"e.g. layer_kwargs=[{{'slow_fraction': 0.5}}, {{}}]), not {sorted(kwargs)} for all of them."
+        )
+    per_layer = [dict(k) for k in layer_kwargs] if layer_kwargs is not None else [{} for _ in cells]
+    if len(per_layer) != len(cells) or not all(isinstance(k, dict) for k in per_layer):
+        raise ValueError(
+            f"layer_kwargs must be a list of {len(cells)} mappings, one per layer of {cells}; got {layer_kwargs!r}."
+        )
+    built: list[ElementwiseCell] = []
+    width = input_size
+    for i, (cell, kw) in enumerate(zip(cells, per_layer)):
+        try:
+            built.append(make_cell(cell, width, hidden_size, **kw))
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"layer {i} ({cell!r}): {err}") from err
+        width = built[-1].output_size
+    return Stack(built, residual=residual, norm=norm)
 
 
 def _path(cls: type) -> str:
@@ -175,10 +228,12 @@ def build_cell_spec(spec: Mapping[str, Any]) -> ElementwiseCell:
     return cls(**{k: revive(v) for k, v in (spec.get("init_args") or {}).items()})
 
 
-def cell_reference(cell: str | type | Mapping[str, Any] | ElementwiseCell | None) -> str | dict[str, Any] | None:
+def cell_reference(cell: Any) -> str | dict[str, Any] | list[Any] | None:
     """What a model's hyper-parameters store for its ``cell`` argument, so that a checkpoint rebuilds the cell in any
     process: a built-in name as given, a user class (by name, path or class) as its full class path, an instance as its
-    :func:`cell_spec`, a spec as it is, None as None."""
+    :func:`cell_spec`, a spec as it is, None as None, and a list of cells (a mixed stack) as the list of those."""
+    if isinstance(cell, (list, tuple)):
+        return [cell_reference(c) for c in cell]
     if cell is None or _is_spec(cell):
         return None if cell is None else dict(cell)  # type: ignore[arg-type]
     if isinstance(cell, ElementwiseCell):

@@ -181,7 +181,8 @@ class R2AC(OnlineRecurrentModule):
         obs_shape: one observation's shape: (C, H, W) uint8 frames, or (D,) vectors (or None with
             ``observation_space``).
         cell: an ElementwiseCell built for input size ``fc_size + 1``, a cell alias ("elstm", "qrnn", "sru",
-            "felstm"), or None for the feed-forward baseline.
+            "felstm", ...), a list of aliases for a stack of different cells (``["lru", "mingru"]``, each layer's
+            arguments in ``cell_kwargs["layer_kwargs"]``), or None for the feed-forward baseline.
         hidden_size: N, when ``cell`` is an alias.
         stem: "impala" (paper), "nature" (cheaper on CPU), "mlp" (vector observations) or "auto".
         fc_size: width of the stem's output (256 in the paper).
@@ -208,7 +209,7 @@ class R2AC(OnlineRecurrentModule):
         self,
         num_actions: int | None = None,
         obs_shape: Sequence[int] | None = None,
-        cell: ElementwiseCell | str | None = "elstm",
+        cell: ElementwiseCell | str | Sequence[str] | None = "elstm",
         hidden_size: int = 256,
         stem: str = "impala",
         fc_size: int = 256,
@@ -227,7 +228,7 @@ class R2AC(OnlineRecurrentModule):
             raise ValueError(f"head_sizes must be positive widths, got {head_sizes}.")
         obs_spec, obs_shape = _observation_spec(obs_shape, observation_space)
         core_in = fc_size + 1
-        if isinstance(cell, str):
+        if isinstance(cell, (str, list, tuple)):  # a name, or a list of names (a stack of different cells)
             cell_obj: ElementwiseCell | None = make_cell(cell, core_in, hidden_size, **(cell_kwargs or {}))
         else:
             cell_obj = cell
@@ -247,7 +248,11 @@ class R2AC(OnlineRecurrentModule):
             {
                 "num_actions": action_spec["n"] if action_spec["type"] == "Discrete" else None,
                 "obs_shape": None if obs_shape is None else list(obs_shape),
-                "cell": cell if isinstance(cell, str) or cell is None else type(cell).__name__,
+                "cell": list(cell)
+                if isinstance(cell, (list, tuple))
+                else cell
+                if isinstance(cell, str) or cell is None
+                else type(cell).__name__,
                 "hidden_size": hidden_size if cell_obj is None else cell_obj.hidden_size,
                 "stem": stem,
                 "fc_size": fc_size,

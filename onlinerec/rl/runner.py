@@ -52,10 +52,11 @@ class ExperimentConfig:
     total_frames: float = 1e6
     """Training budget in env frames; training runs ``total_frames / (M * num_envs * action_repeat)`` segments, each one
     update (``r2ac.epochs * r2ac.minibatches`` optimiser steps with several passes per segment)."""
-    cell: str | None = "elstm"
+    cell: str | list[str] | None = "elstm"
     """Recurrent cell: a name in ``onlinerec.cells.CELLS`` (element-wise, for every method: "elstm", "qrnn", "sru",
     "lru", "mingru", "minlstm", "indrnn"; fully recurrent, for snap and tbptt only: "felstm", "lstm", "gru") or a class
-    path; ``none`` (null) for the feed-forward baseline (no recurrent core)."""
+    path; a list of them for a stack of different cells, bottom first (``--cell '[lru, mingru]'``, each layer's
+    arguments in ``cell_kwargs``' ``layer_kwargs``); ``none`` (null) for the feed-forward baseline (no recurrent core)."""
     layers: int | None = None
     """Stacked layers of the cell (``onlinerec.cells.Stack``, each with its own carry; docs/concepts.md#stacked-layers);
     None: one layer. ``residual`` and ``norm`` of the stack go in ``cell_kwargs``."""
@@ -63,7 +64,8 @@ class ExperimentConfig:
     """N, the cell's width (256 Atari/ProcGen, 512 DMLab); per layer for a stack."""
     cell_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra cell arguments (every layer of a stack gets them), e.g. ``{forget_bias: 1.0}``; for a stack also
-    ``{residual: true, norm: rms}`` (``--layers 4 --cell_kwargs '{residual: true, norm: rms}'``)."""
+    ``{residual: true, norm: rms}`` (``--layers 4 --cell_kwargs '{residual: true, norm: rms}'``); for a list of cells
+    one mapping per layer in ``layer_kwargs`` (``{norm: layer, layer_kwargs: [{slow_fraction: 0.5}, {}]}``)."""
     stem: str = "impala"
     """Vision stem: "impala" (paper), "nature" (cheaper on CPU), "mlp" (vector observations), "auto"."""
     fc_size: int = 256
@@ -136,7 +138,8 @@ class ExperimentConfig:
         """``out_dir`` with its ``{field}`` placeholders filled in."""
         values = {k: getattr(self, k) for k in self.__dataclass_fields__}
         values["env"] = str(self.env).replace("/", "_").replace(":", "_")
-        values["cell"] = "none" if self.cell is None else str(self.cell).rsplit(".", 1)[-1]
+        cells = [] if self.cell is None else [self.cell] if isinstance(self.cell, str) else self.cell
+        values["cell"] = "+".join(str(c).rsplit(".", 1)[-1] for c in cells) or "none"  # a stack: "lru+mingru"
         try:
             return Path(self.out_dir.format(**values))
         except (KeyError, IndexError) as err:
@@ -160,12 +163,18 @@ class ExperimentConfig:
                 raise ValueError("give the number of layers once: --layers or layers in --cell_kwargs, not both.")
             if self.cell is None and self.layers > 1:
                 raise ValueError(f"layers={self.layers} needs a cell to stack (--cell none: no recurrent core).")
+            if isinstance(self.cell, list):
+                raise ValueError(
+                    f"--cell {self.cell} already names the layers, one cell each: leave --layers out (got {self.layers})."
+                )
         if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.head_sizes):
             raise ValueError(
                 f"head_sizes must be a list of positive layer widths (e.g. --head_sizes '[64, 64]'; [] for the "
                 f"paper's linear heads), got {self.head_sizes!r}."
             )
-        if isinstance(self.cell, str):  # a wrong cell argument is a usage error now, not a traceback after start-up
+        if isinstance(
+            self.cell, (str, list)
+        ):  # a wrong cell argument is a usage error now, not a traceback after start-up
             from onlinerec.cells import make_cell
 
             kwargs = {**self.cell_kwargs, **({"layers": self.layers} if self.layers is not None else {})}

@@ -129,3 +129,12 @@ def test_an_in_place_change_under_autograd_is_named():
     c_prev = torch.randn(2, 5, requires_grad=True)
     with pytest.raises(RuntimeError, match=r"^InPlace.recurrence modifies its argument c_prev or gates in place"):
         cell.recurrence(torch.randn(2, 1, 5), c_prev)
+
+
+def test_layer_kwargs_without_a_list_of_cells_is_named():
+    from onlinerec.cells import make_cell
+
+    with pytest.raises(ValueError, match="goes with a list of cells"):
+        make_cell("lru", 4, 4, layer_kwargs=[{}])
+    with pytest.raises(ValueError, match="at least one cell"):
+        make_cell([], 4, 4)

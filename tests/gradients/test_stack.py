@@ -35,7 +35,11 @@ def _small(d):
     return Stack([IndRNNCell(d, 4, nonlinearity="tanh"), MinLSTMCell(4, 3), SRUCell(3, 3)])
 
 
-STACKS = {"lru-blocks": _lru_blocks, "mixed": _mixed, "small": _small}
+def _lru_mingru(d):  # the list form of make_cell: popgym.yaml's core (an LRU on two rings under a minGRU)
+    return make_cell(["lru", "mingru"], d, 4, residual=True, norm="rms", layer_kwargs=[{"slow_fraction": 0.5}, {}])
+
+
+STACKS = {"lru-blocks": _lru_blocks, "mixed": _mixed, "small": _small, "lru-mingru": _lru_mingru}
 
 
 def make(builder, d, seed=0):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from onlinerec.cells import LRUCell, MinGRUCell, Stack
+from onlinerec.cells import LRUCell, MinGRUCell, Stack, cell_spec
 from onlinerec.rl.runner import build, parse_experiment, run_experiment
 from tests.helpers import TINY_RL
 
@@ -84,3 +84,34 @@ def test_a_wrong_cell_argument_is_a_usage_error_that_names_it(kwargs, says, caps
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "--cell lru --cell_kwargs" in err and says in err and "Traceback" not in err
+
+
+def test_a_stack_of_different_cells_trains_resumes_and_names_its_run_dir(tmp_path):
+    """``--cell '[lru, mingru]'``: one layer per name, each with its own ``layer_kwargs``; checkpoint and resume."""
+    kwargs = "{residual: true, norm: layer, layer_kwargs: [{slow_fraction: 0.5}, {}]}"
+    args = [*TINY, "--cell", "[lru, mingru]", "--cell_kwargs", kwargs, "--out_dir", str(tmp_path / "{cell}")]
+    cfg = parse_experiment([*args, "--total_frames", "16"])
+    assert cfg.run_dir == tmp_path / "lru+mingru"
+    model, *_ = build(cfg)
+    lru, mingru = model.cell.layers
+    assert isinstance(lru, LRUCell) and isinstance(mingru, MinGRUCell)
+    assert cell_spec(lru)["init_args"]["slow_fraction"] == 0.5
+    assert run_experiment(cfg)["updates"] == 2
+    assert run_experiment(parse_experiment([*args, "--total_frames", "32"]))["updates"] == 4  # resumed
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--cell_kwargs", "{slow_fraction: 0.5}"], "give each its own in layer_kwargs"),
+        (["--cell_kwargs", "{layer_kwargs: [{}]}"], "layer_kwargs must be a list of 2 mappings"),
+        (["--layers", "2"], "already names the layers"),
+        (["--cell_kwargs", "{layer_kwargs: [{slow_fraction: 2}, {}]}"], "layer 0 ('lru')"),
+    ],
+)
+def test_mistakes_with_a_list_of_cells_are_usage_errors_that_name_them(args, says, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_experiment([*TINY, "--cell", "[lru, mingru]", *args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
