@@ -180,6 +180,16 @@ no entropy bonus): the ``lru_zoo*`` arms."""
 _SLOW_LRU: dict[str, Any] = {"r_min": 0.95, "max_phase": 0.314}
 """LRUCell initialised for long memory (the ``lru_slow_passes`` arm)."""
 
+_LRU_MINGRU: dict[str, Any] = {
+    "cell": ["lru", "mingru"],
+    "cell_kwargs": {"residual": True, "norm": "layer", "layer_kwargs": [{"slow_fraction": 0.5}, {}]},
+    "r2ac": {**_PASSES, "advantage_norm": False, "entropy_cost": 3.0e-3, "baseline_cost": 0.1},
+    "config": {"core_norm": True},
+    "match_core_width": True,
+}
+"""The ``lru_mingru_*`` arms without their method: an LRU on two rings under a minGRU, pre-LayerNorm residual blocks,
+``lru_mixed_norm_pg``'s R2AC settings; the stem one narrower than the core (see ``r2ac_config``)."""
+
 R2AC_METHODS: dict[str, dict[str, Any]] = {
     "rtrl": {"method": "rtrl", "cell": "elstm"},
     "tbptt": {"method": "tbptt", "cell": "elstm"},
@@ -260,11 +270,16 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
     # (a minGRU as wide as the LRU's 65 features, same otherwise: RepeatFirstEasy +0.29, CountRecallEasy -0.57,
     # RepeatPreviousEasy +0.997; without the minGRU's residual CountRecallEasy fell to -0.77; two minGRU layers
     # solved RepeatFirstEasy, +0.99, and lost CountRecallEasy, -0.86); session 13
-    "lru_mingru_pg": {
-        "method": "rtrl", "cell": ["lru", "mingru"],
-        "cell_kwargs": {"residual": True, "norm": "layer", "layer_kwargs": [{"slow_fraction": 0.5}, {}]},
-        "r2ac": {**_PASSES, "advantage_norm": False, "entropy_cost": 3.0e-3, "baseline_cost": 0.1},
-        "config": {"core_norm": True}, "match_core_width": True,
+    "lru_mingru_pg": {"method": "rtrl", **_LRU_MINGRU},
+    # lru_mingru_pg with TBPTT at the same M: RTRL against TBPTT for this core, where the span (RepeatFirstEasy: 51
+    # steps) is far beyond M = 4; set before any run of it
+    "lru_mingru_tbptt_pg": {"method": "tbptt", **_LRU_MINGRU},
+    # lru_mingru_pg with the value loss at its usual weight and entropy cost 1e-3 (lru_mixed_norm_ent3's loss
+    # weights), for control and sparse-reward envs, where the LRU alone had needed them; picked after seed-0 probes
+    # (CartPoleNoVel 500, CountRecallEasy -0.692 against lru_mingru_pg's -0.635); session 13
+    "lru_mingru_ent3": {
+        "method": "rtrl", **_LRU_MINGRU,
+        "r2ac": {**_PASSES, "advantage_norm": False, "entropy_cost": 1.0e-3},
     },
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
@@ -286,9 +301,9 @@ ABLATION = ["rtrl_rnorm", "rtrl_anorm", "rtrl_adam", "rtrl_ppo"]
 """Arms that are run only when named (``--methods``): not part of the default suite."""
 ENV_SPECIFIC = ["lru_zoo_passes", "lru_zoo_boot_passes", "lru_zoo_norm_passes"]
 """Arms set from one env's tuned recipe, run only when named (``--methods``)."""
-CANDIDATES = ["lru_mixed_norm_ent3", "lru_mixed_norm_pg", "lru_mingru_pg"]
+CANDIDATES = ["lru_mixed_norm_ent3", "lru_mixed_norm_pg", "lru_mingru_pg", "lru_mingru_tbptt_pg", "lru_mingru_ent3"]
 """Candidates for one setting on every env, run only when named (``--methods``)."""
-SHIPPED_POPGYM_ARM = "lru_mixed_norm_pg"
+SHIPPED_POPGYM_ARM = "lru_mingru_pg"
 """The arm that ``examples/configs/popgym.yaml`` packages (a test keeps them equal)."""
 NAMED_ONLY = ENV_SPECIFIC + CANDIDATES + ABLATION + list(SB3_TUNING)
 """Every arm outside the default suite."""

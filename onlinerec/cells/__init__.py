@@ -63,7 +63,8 @@ def make_cell(
     A list of names (or classes, or specs) builds a :class:`Stack` of different cells, bottom first, with the same
     width rule (e.g. ``make_cell(["lru", "mingru"], 65, 64, residual=True, norm="layer", layer_kwargs=[{"slow_fraction":
     0.5}, {}])``: an LRU, whose output keeps its input's width, under a minGRU of 64 units). ``layer_kwargs`` gives
-    each layer's own arguments, one mapping per layer; ``kwargs`` must then be empty (the layers take different ones).
+    each layer's own arguments, one mapping per layer (``hidden_size`` among them: that layer's own width); ``kwargs``
+    must then be empty (the layers take different ones).
     """
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
         raise ValueError(f"layers must be a positive int, got {layers!r}.")
@@ -134,8 +135,9 @@ def _mixed_stack(
     built: list[ElementwiseCell] = []
     width = input_size
     for i, (cell, kw) in enumerate(zip(cells, per_layer)):
+        units = kw.pop("hidden_size", hidden_size)  # a layer of its own width, e.g. as wide as its input for a residual
         try:
-            built.append(make_cell(cell, width, hidden_size, **kw))
+            built.append(make_cell(cell, width, units, **kw))
         except (TypeError, ValueError) as err:
             raise type(err)(f"layer {i} ({cell!r}): {err}") from err
         width = built[-1].output_size

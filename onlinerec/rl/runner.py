@@ -12,6 +12,7 @@ import json
 import math
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -172,16 +173,23 @@ class ExperimentConfig:
                 f"head_sizes must be a list of positive layer widths (e.g. --head_sizes '[64, 64]'; [] for the "
                 f"paper's linear heads), got {self.head_sizes!r}."
             )
-        if isinstance(
-            self.cell, (str, list)
-        ):  # a wrong cell argument is a usage error now, not a traceback after start-up
-            from onlinerec.cells import make_cell
+        if isinstance(self.cell, (str, list)):  # a wrong cell argument is a usage error now, not a traceback later
+            from onlinerec.cells import Stack, make_cell
 
             kwargs = {**self.cell_kwargs, **({"layers": self.layers} if self.layers is not None else {})}
             try:
-                make_cell(self.cell, self.fc_size + 1, self.hidden_size, **kwargs)  # as R2AC builds it
+                core = make_cell(self.cell, self.fc_size + 1, self.hidden_size, **kwargs)  # as R2AC builds it
             except (TypeError, ValueError) as err:
                 raise ValueError(f"--cell {self.cell} --cell_kwargs {dict(self.cell_kwargs)}: {err}") from err
+            if isinstance(core, Stack) and core.residual and len(core.residual_layers) < core.num_layers:
+                skipped = [i for i in range(core.num_layers) if i not in core.residual_layers]
+                warnings.warn(  # a width change silently drops a residual the config asked for
+                    f"--cell {self.cell}: layers {skipped} get no residual, as their output width differs from their "
+                    f"input's (fc_size + 1 = {self.fc_size + 1} features reach the core, hidden_size = "
+                    f"{self.hidden_size}); for a residual around every layer set fc_size to hidden_size - 1 "
+                    f"(--fc_size {self.hidden_size - 1}).",
+                    stacklevel=2,
+                )
 
 
 def _strategy(cfg: ExperimentConfig):

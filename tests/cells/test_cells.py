@@ -301,3 +301,11 @@ def test_default_readout_of_a_multi_component_cell_puts_the_components_side_by_s
     assert cell.state_shape == (3, 4) and cell.output_size == 12
     c = torch.randn(5, 3, 4)
     torch.testing.assert_close(cell.readout(c, torch.zeros(5, 2)), torch.cat([c[:, 0], c[:, 1], c[:, 2]], -1))
+
+
+def test_a_layer_of_a_list_of_cells_can_have_its_own_width():
+    from onlinerec.cells import make_cell
+
+    stack = make_cell(["lru", "mingru"], 5, 4, residual=True, layer_kwargs=[{}, {"hidden_size": 5}])
+    assert [layer.hidden_size for layer in stack.layers] == [4, 5] and stack.residual_layers == (0, 1)
+    assert make_cell(["lru", "mingru"], 5, 4, residual=True).residual_layers == (0,)

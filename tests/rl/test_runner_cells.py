@@ -90,6 +90,7 @@ def test_a_stack_of_different_cells_trains_resumes_and_names_its_run_dir(tmp_pat
     """``--cell '[lru, mingru]'``: one layer per name, each with its own ``layer_kwargs``; checkpoint and resume."""
     kwargs = "{residual: true, norm: layer, layer_kwargs: [{slow_fraction: 0.5}, {}]}"
     args = [*TINY, "--cell", "[lru, mingru]", "--cell_kwargs", kwargs, "--out_dir", str(tmp_path / "{cell}")]
+    args += ["--hidden_size", "8", "--fc_size", "7"]  # 7 + the reward: both layers 8 wide, both residuals apply
     cfg = parse_experiment([*args, "--total_frames", "16"])
     assert cfg.run_dir == tmp_path / "lru+mingru"
     model, *_ = build(cfg)
@@ -115,3 +116,15 @@ def test_mistakes_with_a_list_of_cells_are_usage_errors_that_name_them(args, say
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
+
+
+def test_a_residual_that_the_widths_drop_is_a_warning_that_names_the_fix():
+    base = [*TINY, "--cell", "[lru, mingru]", "--hidden_size", "8"]
+    base += ["--cell_kwargs", "{residual: true, layer_kwargs: [{}, {}]}"]
+    with pytest.warns(UserWarning, match=r"layers \[1\] get no residual.*--fc_size 7"):
+        parse_experiment([*base, "--fc_size", "8"])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        parse_experiment([*base, "--fc_size", "7"])  # 7 + the reward = 8: every layer keeps the width
