@@ -244,15 +244,14 @@ class R2AC(OnlineRecurrentModule):
         self.automatic_optimization = self.config.passes == 1  # several passes step the optimiser themselves
         self.return_normalizer = ReturnNormalizer() if self.config.reward_norm else None
         self._loss_streams: Tensor | None = None  # set during the first of several passes: minibatch 0's streams
+        cell_name = list(cell) if isinstance(cell, (list, tuple)) else cell  # a name, or the names of a mixed stack
+        if isinstance(cell, ElementwiseCell):  # an instance: its class name (the module keeps its weights)
+            cell_name = type(cell).__name__
         self.save_hyperparameters(
             {
                 "num_actions": action_spec["n"] if action_spec["type"] == "Discrete" else None,
                 "obs_shape": None if obs_shape is None else list(obs_shape),
-                "cell": list(cell)
-                if isinstance(cell, (list, tuple))
-                else cell
-                if isinstance(cell, str) or cell is None
-                else type(cell).__name__,
+                "cell": cell_name,
                 "hidden_size": hidden_size if cell_obj is None else cell_obj.hidden_size,
                 "stem": stem,
                 "fc_size": fc_size,
