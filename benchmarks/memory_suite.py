@@ -281,6 +281,33 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
         "method": "rtrl", **_LRU_MINGRU,
         "r2ac": {**_PASSES, "advantage_norm": False, "entropy_cost": 1.0e-3},
     },
+    # lru_mingru_ent3 bootstrapping where a time limit cuts an episode (bootstrap_truncation), as RecurrentPPO does
+    # through sb3's TimeLimit.truncated: at 3x the steps lru_mingru_ent3 reached 500 on CartPoleNoVel and fell back
+    # (seed 0: 500 at 120 k steps, 82 at the end), and CartPole's 500-step limit is only reached once solved, where
+    # scoring the cut as terminal teaches the solved policy that its last step fails; set before any run of it; session 14
+    "lru_mingru_ent3_boot": {
+        "method": "rtrl", **_LRU_MINGRU,
+        "r2ac": {**_PASSES, "advantage_norm": False, "entropy_cost": 1.0e-3, "bootstrap_truncation": True},
+    },
+    # lru_mingru_pg with the value loss at its usual weight (0.5) and the entropy cost kept at 3e-3: on MiniGrid-MemoryS7
+    # lru_mingru_pg dipped for tens of thousands of steps before it walked to an object (a slow value function),
+    # and lru_mingru_ent3 walked there at once but one seed of three settled on a policy that never arrives (entropy
+    # 1e-3); for sparse-reward navigation, chosen after those runs; session 14
+    "lru_mingru_bc5": {"method": "rtrl", **_LRU_MINGRU, "r2ac": {**_LRU_MINGRU["r2ac"], "baseline_cost": 0.5}},
+    # lru_mingru_pg and lru_mingru_bc5 without reward normalisation: MiniGrid pays one reward in [0.1, 1] per episode,
+    # already on the +-1 scale, and dividing it by the running std of mostly-zero returns made a rare success worth up
+    # to the clip (10); lru_mingru_bc5's seed 0 then collapsed with value loss 7-8 and a near-uniform policy; set after
+    # that run, for MiniGrid-MemoryS7; session 14
+    "lru_mingru_pg_raw": {"method": "rtrl", **_LRU_MINGRU, "r2ac": {**_LRU_MINGRU["r2ac"], "reward_norm": False}},
+    "lru_mingru_bc5_raw": {
+        "method": "rtrl", **_LRU_MINGRU, "r2ac": {**_LRU_MINGRU["r2ac"], "baseline_cost": 0.5, "reward_norm": False},
+    },
+    # lru_mingru_pg_raw with the paper's entropy cost (0.01): at 3x the steps every MiniGrid-MemoryS7 run of the arms
+    # above ended near what walking to one of the two objects at random scores, i.e. the choice at the corridor's end
+    # had settled on one side before the cue was linked to it; a larger bonus keeps trying both; set after those runs
+    "lru_mingru_raw_ent2": {
+        "method": "rtrl", **_LRU_MINGRU, "r2ac": {**_LRU_MINGRU["r2ac"], "reward_norm": False, "entropy_cost": 1.0e-2},
+    },
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},
@@ -301,10 +328,19 @@ ABLATION = ["rtrl_rnorm", "rtrl_anorm", "rtrl_adam", "rtrl_ppo"]
 """Arms that are run only when named (``--methods``): not part of the default suite."""
 ENV_SPECIFIC = ["lru_zoo_passes", "lru_zoo_boot_passes", "lru_zoo_norm_passes"]
 """Arms set from one env's tuned recipe, run only when named (``--methods``)."""
-CANDIDATES = ["lru_mixed_norm_ent3", "lru_mixed_norm_pg", "lru_mingru_pg", "lru_mingru_tbptt_pg", "lru_mingru_ent3"]
+CANDIDATES = [
+    "lru_mixed_norm_ent3", "lru_mixed_norm_pg", "lru_mingru_pg", "lru_mingru_tbptt_pg", "lru_mingru_ent3",
+    "lru_mingru_ent3_boot", "lru_mingru_bc5", "lru_mingru_pg_raw", "lru_mingru_bc5_raw",
+    "lru_mingru_raw_ent2",
+]
 """Candidates for one setting on every env, run only when named (``--methods``)."""
 SHIPPED_POPGYM_ARM = "lru_mingru_pg"
 """The arm that ``examples/configs/popgym.yaml`` packages (a test keeps them equal)."""
+SHIPPED_CONFIGS: dict[str, tuple[str, str, float]] = {
+    "popgym.yaml": ("RepeatPreviousEasy", SHIPPED_POPGYM_ARM, 1.0),
+    "cartpole_novel.yaml": ("CartPoleNoVel", "lru_mingru_ent3_boot", 3.0),
+}
+"""Each config in ``examples/configs/`` that packages an arm: its env, the arm and the budget scale it ran at."""
 NAMED_ONLY = ENV_SPECIFIC + CANDIDATES + ABLATION + list(SB3_TUNING)
 """Every arm outside the default suite."""
 METHODS = [*(m for m in R2AC_METHODS if m not in NAMED_ONLY), "ppo_lstm"]

@@ -151,6 +151,24 @@ def test_config_yaml_and_overrides(tmp_path):
         assert parse_experiment(["--config", str(path)]).total_frames > 0
 
 
+def test_the_cartpole_config_trains_its_stack_with_truncations_bootstrapped(tmp_path):
+    """cartpole_novel.yaml as shipped, tiny: its two-layer core and its time-limit bootstrapping (a TimeLimit of 8
+    steps, so that cuts happen within the budget) run end to end."""
+    from onlinerec.rl.runner import parse_experiment, run_experiment
+
+    limit = "{wrappers: [{class_path: gymnasium.wrappers.TimeLimit, init_args: {max_episode_steps: 8}}]}"
+    out = tmp_path / "cartpole"
+    cfg = parse_experiment(
+        ["--config", str(EXAMPLES / "configs" / "cartpole_novel.yaml"), "--num_envs", "2", "--total_frames", "64",
+         "--eval_episodes", "2", "--eval_envs", "2", "--env_kwargs", limit, "--out_dir", str(out), "--progress", "false",
+         "--log_every", "1"]
+    )  # fmt: skip
+    assert cfg.r2ac.bootstrap_truncation and cfg.cell == ["lru", "mingru"]
+    run_experiment(cfg)
+    result = check_outputs(out, 64)
+    assert result["eval"]["lengths"] == [8, 8] and result["train_return"] <= 8  # every episode cut at 8 steps
+
+
 def test_learning_curve_plot(tmp_path):
     from onlinerec.rl.runner import load_curve, plot_learning_curves
 

@@ -111,16 +111,19 @@ def test_a_recurrentppo_tuning_run_trains_with_its_change(tmp_path):
     assert record["config"]["ent_coef"] == 0.01 and "--variant ppo_lstm_ent01" in record["command"]
 
 
-def test_the_shipped_popgym_config_is_the_suites_shipped_arm(tmp_path):
+@pytest.mark.parametrize("config", sorted(suite.SHIPPED_CONFIGS))
+def test_a_shipped_config_is_the_suites_arm(tmp_path, config):
     import yaml
 
-    shipped = yaml.safe_load((suite.REPO / "examples" / "configs" / "popgym.yaml").read_text())
-    arm = suite.r2ac_config("RepeatPreviousEasy", suite.SHIPPED_POPGYM_ARM, 0, tmp_path, 100_000)
+    shipped = yaml.safe_load((suite.REPO / "examples" / "configs" / config).read_text())
+    env, method, scale = suite.SHIPPED_CONFIGS[config]
+    arm = suite.r2ac_config(env, method, 0, tmp_path, int(suite.ENVS[env].steps * scale))
     keys = ("env", "num_envs", "M", "cell", "hidden_size", "stem", "fc_size", "core_norm", "total_frames")
     for key in (*keys, "eval_episodes"):
         assert shipped.get(key) == arm.get(key), key
     assert shipped.get("cell_kwargs", {}) == arm["cell_kwargs"]
-    assert {k: v for k, v in arm["r2ac"].items() if k != "return_window"} == shipped["r2ac"]
+    window = shipped["r2ac"].get("return_window", arm["r2ac"]["return_window"])  # the suite's window, if stated
+    assert {**shipped["r2ac"], "return_window": window} == arm["r2ac"]
 
 
 def test_a_child_runs_cpu_time_is_measured_and_a_failure_is_its_exit_status(tmp_path):

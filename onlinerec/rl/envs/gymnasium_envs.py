@@ -267,7 +267,13 @@ def make_gymnasium(
     def fn():
         return _check_actions(apply_wrappers(gymnasium.make(name, **make_kwargs), wrappers), env_id)
 
-    fn().close()  # fail early, in this process, on a bad id or action space
+    try:
+        fn().close()  # fail early, in this process, on a bad id or action space
+    except (gymnasium.error.UnregisteredEnv, gymnasium.error.DeprecatedEnv) as err:  # a misspelt id or version
+        raise ValueError(
+            f"unknown gymnasium env {env_id!r}: {err} (every registered id: python -c 'import gymnasium; "
+            "gymnasium.pprint_registry()')"
+        ) from err
     return vectorize([fn] * num_envs, seed=seed, env_id=env_id, vectorization=vectorization)
 
 
