@@ -332,7 +332,7 @@ CANDIDATES = [
     "lru_mixed_norm_ent3", "lru_mixed_norm_pg", "lru_mingru_pg", "lru_mingru_tbptt_pg", "lru_mingru_ent3",
     "lru_mingru_ent3_boot", "lru_mingru_bc5", "lru_mingru_pg_raw", "lru_mingru_bc5_raw",
     "lru_mingru_raw_ent2",
-]
+]  # fmt: skip
 """Candidates for one setting on every env, run only when named (``--methods``)."""
 SHIPPED_POPGYM_ARM = "lru_mingru_pg"
 """The arm that ``examples/configs/popgym.yaml`` packages (a test keeps them equal)."""
