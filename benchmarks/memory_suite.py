@@ -308,6 +308,13 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
     "lru_mingru_raw_ent2": {
         "method": "rtrl", **_LRU_MINGRU, "r2ac": {**_LRU_MINGRU["r2ac"], "reward_norm": False, "entropy_cost": 1.0e-2},
     },
+    # lru_mingru_pg_raw reading MiniGrid's symbolic view one-hot (stem "grid") instead of as magnitudes through the
+    # MLP stem: the cue differs from the other object by one unit of one input among 147 (a key is 5, a ball 6); an
+    # agent-side change (RecurrentPPO keeps sb3's MLP on the same view); MiniGrid-MemoryS7 only; session 14
+    "lru_mingru_grid_raw": {
+        "method": "rtrl", **_LRU_MINGRU, "r2ac": {**_LRU_MINGRU["r2ac"], "reward_norm": False},
+        "config": {**_LRU_MINGRU["config"], "stem": "grid"},
+    },
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},
@@ -331,7 +338,7 @@ ENV_SPECIFIC = ["lru_zoo_passes", "lru_zoo_boot_passes", "lru_zoo_norm_passes"]
 CANDIDATES = [
     "lru_mixed_norm_ent3", "lru_mixed_norm_pg", "lru_mingru_pg", "lru_mingru_tbptt_pg", "lru_mingru_ent3",
     "lru_mingru_ent3_boot", "lru_mingru_bc5", "lru_mingru_pg_raw", "lru_mingru_bc5_raw",
-    "lru_mingru_raw_ent2",
+    "lru_mingru_raw_ent2", "lru_mingru_grid_raw",
 ]  # fmt: skip
 """Candidates for one setting on every env, run only when named (``--methods``)."""
 SHIPPED_POPGYM_ARM = "lru_mingru_pg"

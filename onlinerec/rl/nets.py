@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-__all__ = ["STEMS", "ImpalaStem", "MLPStem", "NatureStem", "make_stem"]
+__all__ = ["STEMS", "GridStem", "ImpalaStem", "MLPStem", "NatureStem", "make_stem"]
 
 
 def _as_float_image(obs: Tensor, dtype: torch.dtype, channels_last: bool = False) -> Tensor:
@@ -126,17 +126,53 @@ class MLPStem(nn.Module):
         return torch.relu(self.fc(obs.to(self.fc.weight.dtype).flatten(1)))
 
 
+class GridStem(nn.Module):
+    """For MiniGrid's symbolic view, channels first: per cell an object type, a colour and a state, small integers.
+    Each channel is one-hot encoded (11 object types, 6 colours, 3 states: minigrid's ``OBJECT_TO_IDX``,
+    ``COLOR_TO_IDX`` and ``STATE_TO_IDX``) -> flatten -> Linear(-> out_features) -> ReLU.
+
+    The MLP stem reads these indices as magnitudes, so a key (5) differs from a ball (6) by one unit of one input among
+    147; here every category of every cell is its own feature."""
+
+    SIZES = (11, 6, 3)
+    """Categories per channel: object type, colour, state."""
+
+    def __init__(self, obs_shape: tuple[int, ...], out_features: int = 64) -> None:
+        super().__init__()
+        if len(obs_shape) != 3 or obs_shape[0] != len(self.SIZES):
+            raise ValueError(
+                f"the 'grid' stem reads MiniGrid's symbolic view, shape (3, H, W) channels first (object, colour, "
+                f"state); got observations of shape {tuple(obs_shape)}. Use stem 'mlp' for vectors or 'auto' for images."
+            )
+        self.register_buffer("sizes", torch.tensor(self.SIZES).reshape(1, -1, 1, 1), persistent=False)
+        self.flat_features = sum(self.SIZES) * obs_shape[1] * obs_shape[2]
+        self.fc = nn.Linear(self.flat_features, out_features)
+        self.out_features = out_features
+
+    def forward(self, obs: Tensor) -> Tensor:
+        idx = obs.long()
+        if bool((idx < 0).any()) or bool((idx >= self.sizes).any()):  # not a MiniGrid view: never encode it wrongly
+            raise ValueError(
+                f"the 'grid' stem got values outside MiniGrid's categories {self.SIZES} per channel "
+                f"(min {int(idx.min())}, max {int(idx.max())}); is this MiniGrid's symbolic view (not pixels)?"
+            )
+        parts = [nn.functional.one_hot(idx[:, c], n) for c, n in enumerate(self.SIZES)]  # (N, H, W, n) each
+        return torch.relu(self.fc(torch.cat(parts, dim=-1).to(self.fc.weight.dtype).flatten(1)))
+
+
 def _flat_size(convs: nn.Module, obs_shape: tuple[int, ...]) -> int:
     with torch.no_grad():
         return int(convs(torch.zeros(1, *obs_shape)).numel())
 
 
-STEMS: dict[str, Callable[..., nn.Module]] = {"impala": ImpalaStem, "nature": NatureStem, "mlp": MLPStem}
+STEMS: dict[str, Callable[..., nn.Module]] = {
+    "impala": ImpalaStem, "nature": NatureStem, "mlp": MLPStem, "grid": GridStem,
+}  # fmt: skip
 """Stems by name, for configs: ``make_stem("impala", (4, 84, 84))``."""
 
 
 def make_stem(name: str, obs_shape: tuple[int, ...], out_features: int = 256) -> nn.Module:
-    """Build a stem by name ("impala", "nature", "mlp"); ``name="auto"`` picks "impala" for images, else "mlp"."""
+    """Build a stem by name ("impala", "nature", "mlp", "grid"); ``name="auto"`` picks "impala" for images, else "mlp"."""
     obs_shape = tuple(int(s) for s in obs_shape)
     if name == "auto":
         name = "impala" if len(obs_shape) == 3 else "mlp"

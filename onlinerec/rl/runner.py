@@ -68,7 +68,8 @@ class ExperimentConfig:
     ``{residual: true, norm: rms}`` (``--layers 4 --cell_kwargs '{residual: true, norm: rms}'``); for a list of cells
     one mapping per layer in ``layer_kwargs`` (``{norm: layer, layer_kwargs: [{slow_fraction: 0.5}, {}]}``)."""
     stem: str = "impala"
-    """Vision stem: "impala" (paper), "nature" (cheaper on CPU), "mlp" (vector observations), "auto"."""
+    """Vision stem: "impala" (paper), "nature" (cheaper on CPU), "mlp" (vector observations), "grid" (MiniGrid's
+    symbolic view, each cell's object, colour and state one-hot), "auto"."""
     fc_size: int = 256
     """Width of the stem's output (the core reads fc_size + 1 with the reward)."""
     head_sizes: list[int] = field(default_factory=list)

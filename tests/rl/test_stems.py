@@ -111,3 +111,39 @@ def test_as_float_image_one_op_scaling():
 def test_an_image_stem_given_a_vector_observation_names_the_fix(cls):
     with pytest.raises(ValueError, match=r"got shape \(3,\).*--stem mlp.*'auto'"):
         cls((3,), 16)
+
+
+# ------------------------------------------------------------------------------------------------
+# The 'grid' stem: MiniGrid's symbolic view, one-hot per channel
+# ------------------------------------------------------------------------------------------------
+def test_the_grid_stem_is_a_linear_map_of_the_one_hot_codes():
+    """Against a loop that writes each cell's three one-hot codes by hand (float64)."""
+    from onlinerec.rl.nets import GridStem, make_stem
+
+    torch.manual_seed(0)
+    stem = make_stem("grid", (3, 2, 3), 5).double()
+    assert isinstance(stem, GridStem)
+    obs = torch.stack([torch.randint(0, n, (4, 2, 3)) for n in GridStem.SIZES], dim=1).to(torch.uint8)
+    codes = torch.zeros(4, 2, 3, sum(GridStem.SIZES), dtype=torch.float64)
+    for b in range(4):
+        for i in range(2):
+            for j in range(3):
+                start = 0
+                for c, n in enumerate(GridStem.SIZES):
+                    codes[b, i, j, start + int(obs[b, c, i, j])] = 1.0
+                    start += n
+    expected = torch.relu(codes.flatten(1) @ stem.fc.weight.T + stem.fc.bias)
+    torch.testing.assert_close(stem(obs), expected, rtol=0, atol=1e-12)
+    key, ball = obs.clone(), obs.clone()  # one cell's object: a key (5) or a ball (6) moves a different weight column
+    key[0, 0, 0, 0], ball[0, 0, 0, 0] = 5, 6
+    assert not torch.equal(stem(key)[0], stem(ball)[0])
+
+
+def test_the_grid_stem_refuses_what_is_not_a_symbolic_minigrid_view():
+    from onlinerec.rl.nets import make_stem
+
+    with pytest.raises(ValueError, match=r"shape \(3, H, W\).*got observations of shape \(147,\).*'mlp'"):
+        make_stem("grid", (147,), 8)
+    stem = make_stem("grid", (3, 7, 7), 8)
+    with pytest.raises(ValueError, match=r"outside MiniGrid's categories.*max 200.*not pixels"):
+        stem(torch.full((1, 3, 7, 7), 200, dtype=torch.uint8))
