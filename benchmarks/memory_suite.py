@@ -315,6 +315,13 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
         "method": "rtrl", **_LRU_MINGRU, "r2ac": {**_LRU_MINGRU["r2ac"], "reward_norm": False},
         "config": {**_LRU_MINGRU["config"], "stem": "grid"},
     },
+    # lru_mingru_pg_raw with M = 16: V-trace's targets look M steps ahead, so MiniGrid's one reward at the episode's
+    # end reaches the value of earlier steps in fewer updates (RecurrentPPO's GAE looks up to 128 steps ahead);
+    # MiniGrid-MemoryS7 only; session 14
+    "lru_mingru_pg_raw_m16": {
+        "method": "rtrl", **_LRU_MINGRU, "r2ac": {**_LRU_MINGRU["r2ac"], "reward_norm": False},
+        "config": {**_LRU_MINGRU["config"], "M": 16},
+    },
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},
@@ -338,7 +345,7 @@ ENV_SPECIFIC = ["lru_zoo_passes", "lru_zoo_boot_passes", "lru_zoo_norm_passes"]
 CANDIDATES = [
     "lru_mixed_norm_ent3", "lru_mixed_norm_pg", "lru_mingru_pg", "lru_mingru_tbptt_pg", "lru_mingru_ent3",
     "lru_mingru_ent3_boot", "lru_mingru_bc5", "lru_mingru_pg_raw", "lru_mingru_bc5_raw",
-    "lru_mingru_raw_ent2", "lru_mingru_grid_raw",
+    "lru_mingru_raw_ent2", "lru_mingru_grid_raw", "lru_mingru_pg_raw_m16",
 ]  # fmt: skip
 """Candidates for one setting on every env, run only when named (``--methods``)."""
 SHIPPED_POPGYM_ARM = "lru_mingru_pg"
