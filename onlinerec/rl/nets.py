@@ -151,7 +151,7 @@ class GridStem(nn.Module):
 
     def forward(self, obs: Tensor) -> Tensor:
         idx = obs.long()
-        if bool((idx < 0).any()) or bool((idx >= self.sizes).any()):  # not a MiniGrid view: never encode it wrongly
+        if bool(((idx < 0) | (idx >= self.sizes)).any()):  # not a MiniGrid view: never encode it wrongly (one check)
             raise ValueError(
                 f"the 'grid' stem got values outside MiniGrid's categories {self.SIZES} per channel "
                 f"(min {int(idx.min())}, max {int(idx.max())}); is this MiniGrid's symbolic view (not pixels)?"
