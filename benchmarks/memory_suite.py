@@ -124,6 +124,13 @@ _R2AC_COMMON: dict[str, Any] = {
 # ent 0) with an LSTM as wide as R2AC's, on as many streams as R2AC.
 _SB3_MATCHED: dict[str, Any] = {"n_envs": 16, "policy_kwargs": {"lstm_hidden_size": 64}}
 
+# rl-zoo's tuned RecurrentPPO for CartPoleNoVel-v1 (hyperparams/ppo_lstm.yml; "lin_" = linear decay to 0), with its
+# VecNormalize of observations and rewards (normalize: true).
+_SB3_ZOO: dict[str, Any] = {
+    "n_envs": 8, "n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
+    "ent_coef": 0.0, "learning_rate": "lin_0.001", "clip_range": "lin_0.2", "normalize": True,
+}  # fmt: skip
+
 # Budget: 100,000 agent steps per run for every env and arm (rl-zoo's CartPoleNoVel budget). sb3-contrib's
 # RecurrentPPO runs at about 70-125 agent steps per CPU-second here (10-20 epochs over every rollout), R2AC at about
 # 1,000: 15 (env, seed) pairs cost about 5.5 CPU-hours, i.e. about 3 hours on the 2-core machine when it is idle.
@@ -149,10 +156,7 @@ ENVS: dict[str, EnvSpec] = {
     ),
     "CartPoleNoVel": EnvSpec(
         "gymnasium:CartPoleNoVel-v1", steps=BUDGET, window=20, r2ac=_R2AC_COMMON,
-        sb3={  # rl-zoo hyperparams/ppo_lstm.yml, CartPoleNoVel-v1 ("lin_" = linear decay to 0)
-            "n_envs": 8, "n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
-            "ent_coef": 0.0, "learning_rate": "lin_0.001", "clip_range": "lin_0.2", "normalize": True,
-        },
+        sb3=_SB3_ZOO,
         sb3_source="rl-zoo ppo_lstm.yml (CartPoleNoVel-v1), with its VecNormalize (normalize: true)",
         random_return=22.0,
     ),
@@ -322,6 +326,21 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
         "method": "rtrl", **_LRU_MINGRU, "r2ac": {**_LRU_MINGRU["r2ac"], "reward_norm": False},
         "config": {**_LRU_MINGRU["config"], "M": 16},
     },
+    # lru_mingru_pg (examples/configs/popgym.yaml) bootstrapping where a time limit cuts an episode: one config for
+    # POPGym and CartPoleNoVel if it holds CartPole's 500 at 3x the steps as lru_mingru_ent3_boot does (POPGym's
+    # episodes end terminated, never truncated, so there it is lru_mingru_pg exactly); set before any run; session 15
+    "lru_mingru_pg_boot": {
+        "method": "rtrl", **_LRU_MINGRU, "r2ac": {**_LRU_MINGRU["r2ac"], "bootstrap_truncation": True},
+    },
+    # lru_mingru_pg_boot with the value head reading the core through a stop-gradient (detach_value) at the value
+    # loss's usual weight (0.5): the POPGym config keeps the value loss small so that it does not shape the shared
+    # core, the CartPole config needs a good value function (lru_mingru_pg_boot: 284 +- 48 on CartPoleNoVel at 3x,
+    # against lru_mingru_ent3_boot's 500); a critic that does not shape the core may serve both; set before any run
+    # of it; session 15
+    "lru_mingru_vdetach": {
+        "method": "rtrl", **_LRU_MINGRU,
+        "r2ac": {**_LRU_MINGRU["r2ac"], "baseline_cost": 0.5, "detach_value": True, "bootstrap_truncation": True},
+    },
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},
@@ -333,6 +352,9 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
 SB3_TUNING: dict[str, dict[str, Any]] = {
     "ppo_lstm_ent01": {"ent_coef": 0.01},  # an entropy bonus (sb3-contrib's default has none)
     "ppo_lstm_lr1e3": {"learning_rate": 1.0e-3},  # rl-zoo's tuned CartPoleNoVel lr, held constant
+    # rl-zoo's whole tuned CartPoleNoVel recipe (the only tuned RecurrentPPO for a vector-observation discrete env)
+    # on every env, its VecNormalize included; the LSTM width stays matched; set before any run; session 15
+    "ppo_lstm_zoo": _SB3_ZOO,
 }
 """RecurrentPPO with one setting changed from the env's ``sb3`` values: its tuning runs (issue 13 asks for the same
 budget of tuning runs as R2AC's), set before any run; run only when named (``--methods``)."""
@@ -345,7 +367,8 @@ ENV_SPECIFIC = ["lru_zoo_passes", "lru_zoo_boot_passes", "lru_zoo_norm_passes"]
 CANDIDATES = [
     "lru_mixed_norm_ent3", "lru_mixed_norm_pg", "lru_mingru_pg", "lru_mingru_tbptt_pg", "lru_mingru_ent3",
     "lru_mingru_ent3_boot", "lru_mingru_bc5", "lru_mingru_pg_raw", "lru_mingru_bc5_raw",
-    "lru_mingru_raw_ent2", "lru_mingru_grid_raw", "lru_mingru_pg_raw_m16",
+    "lru_mingru_raw_ent2", "lru_mingru_grid_raw", "lru_mingru_pg_raw_m16", "lru_mingru_pg_boot",
+    "lru_mingru_vdetach",
 ]  # fmt: skip
 """Candidates for one setting on every env, run only when named (``--methods``)."""
 SHIPPED_POPGYM_ARM = "lru_mingru_pg"

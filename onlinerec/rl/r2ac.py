@@ -123,6 +123,12 @@ class R2ACConfig:
     episode's end: the reward of that step gains gamma times the actor's value of the episode's final observation
     (from ``info["final_obs"]``, computed at collection from the actor's state; sb3 and Pardo et al. 2018, "Time
     Limits in Reinforcement Learning", do the same). Off: the paper's R2AC, where every end is terminal."""
+    detach_value: bool = False
+    """The value head reads the core's output with its gradient stopped: the value loss trains the value head (its
+    MLP and linear layer) only, and the stem, core and ``core_norm`` learn from the policy and entropy terms alone.
+    The forward pass and every value are unchanged, so the gradient of the shared layers equals the one with
+    ``baseline_cost = 0``, and the value head's equals the one without this option. Off: the paper's shared
+    actor-critic, where the value loss also shapes the core (weighted by ``baseline_cost``)."""
     ppo_clip: float | None = None
     """None: the V-trace policy gradient (the paper's). eps > 0: PPO's clipped-ratio objective
     min(rho A, clip(rho, 1 - eps, 1 + eps) A), rho = pi / mu against the actor's policy mu, with A the V-trace advantage
@@ -373,7 +379,8 @@ class R2AC(OnlineRecurrentModule):
         """Policy parameters (..., P) (the logits for Discrete actions) and value (...,) from core outputs h (..., N)
         (layer-normalised first under ``core_norm``)."""
         h = self.core_norm(h)
-        return self.policy(self.policy_mlp(h)), self.baseline(self.value_mlp(h)).squeeze(-1)
+        critic_input = h.detach() if self.config.detach_value else h  # detach_value: the value loss stops at the head
+        return self.policy(self.policy_mlp(h)), self.baseline(self.value_mlp(critic_input)).squeeze(-1)
 
     def policy_params(self, h: Tensor) -> Tensor:
         """The policy half of :meth:`heads` (what an exported policy runs)."""

@@ -180,6 +180,33 @@ def test_every_pass_gradient_is_bptt_over_the_stream_history(epochs, minibatches
             torch.testing.assert_close(got[f"cell.{name}"], value, rtol=1e-9, atol=1e-12, msg=f"step {k}: {name}")
 
 
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_detach_value_gives_the_shared_layers_the_gradient_without_the_value_loss(epochs):
+    """Fixed weights (lr = 0), float64, RTRL across segments: with ``detach_value`` every optimiser step's gradient of
+    the stem, core and policy head equals the one with ``baseline_cost = 0``, and the value head's equals the shared
+    actor-critic's; the shared actor-critic's core gradient differs (the value loss reaches it)."""
+    segments = record(3, torch.float64)
+    common = dict(lr=0.0, grad_clip=0.0, epochs=epochs)
+    runs = {}
+    for name, extra in {
+        "detached": {"detach_value": True},
+        "no_value_loss": {"baseline_cost": 0.0},
+        "shared": {},
+    }.items():
+        runs[name] = Grads()
+        fit(tiny(R2ACConfig(**common, **extra)).double(), segments, callbacks=[runs[name]])
+    assert len(runs["detached"].steps) == 3 * epochs
+    critic = ("value_mlp.", "baseline.")
+    for k, ((_, got), (_, no_value), (_, shared)) in enumerate(
+        zip(runs["detached"].steps, runs["no_value_loss"].steps, runs["shared"].steps)
+    ):
+        for name, value in got.items():
+            want = shared[name] if name.startswith(critic) else no_value[name]
+            torch.testing.assert_close(value, want, rtol=1e-12, atol=1e-15, msg=f"step {k}: {name}")
+        assert any(name.startswith(critic) for name in got)
+        assert any(not torch.allclose(v, shared[n]) for n, v in got.items() if n.startswith(("cell.", "stem.")))
+
+
 @pytest.mark.parametrize("minibatches", [2, 4])
 def test_minibatch_gradients_sum_to_the_full_batch_gradient(minibatches):
     """Sum reduction, lr = 0, float64: the minibatches' gradients add up to the one-pass gradient, every parameter."""
