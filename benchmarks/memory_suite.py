@@ -42,9 +42,10 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   Adam; 4 clipped-ratio passes).
 - **Held-out envs** (``--envs AutoencodeEasy MultiarmedBanditEasy BattleshipEasy MineSweeperEasy HigherLowerEasy``,
   not run by default): POPGym memory envs on which no setting of any arm was chosen, for the POPGym configs
-  (``lru_mixed_passes``, ``lru_mixed_norm_ent3``, then ``lru_mixed_norm_pg``) against RecurrentPPO.
-- **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3``, not run by default): ``ppo_lstm`` with
-  one setting changed (entropy bonus 0.01; learning rate 1e-3), for a tuning budget like R2AC's (``SB3_TUNING``).
+  (``lru_mixed_passes``, ``lru_mixed_norm_ent3``, ``lru_mixed_norm_pg``, then ``lru_mingru_pg``) against RecurrentPPO.
+- **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3 ppo_lstm_zoo``, not run by default):
+  ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), and with rl-zoo's whole tuned
+  CartPoleNoVel recipe on every env, for a tuning budget nearer R2AC's (``SB3_TUNING``).
 - **RecurrentPPO arm** (``ppo_lstm``): ``python benchmarks/memory_suite.py sb3 --env <name> --seed <k> --out ...``.
   Its envs are onlinerec's (``onlinerec.rl.envs.make_vector_env`` with the same env id and kwargs, behind a thin
   sb3 ``VecEnv`` adapter; SAME_STEP autoreset is sb3's own convention), seeded with the same
