@@ -607,6 +607,9 @@ def run_sb3(name: str, seed: int, out_json: Path, steps: int, method: str = "ppo
     s, v = running_means(raw.episodes, spec.window)  # the env's own returns, before any normalisation
     grid, curve = curve_on_grid(s, v, steps)
     eval_returns = evaluate_sb3(model, spec, seed, env.normalize_obs if env is not raw else None)
+    model.save(out_json.with_suffix(".zip"))  # the trained policy, for analyses (benchmarks/minigrid_cue.py)
+    if env is not raw:
+        env.save(str(out_json.with_suffix(".vecnormalize.pkl")))  # its observation statistics go with it
     env.close()
     return {
         "command": shlex.join(

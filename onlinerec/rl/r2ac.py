@@ -45,7 +45,13 @@ class R2ACConfig:
     baseline_cost: float = 0.5
     """Weight of the value loss 1/2 sum (v_s - V(x_s))^2."""
     entropy_cost: float = 0.01
-    """Weight of the entropy regulariser sum pi log pi (minus the entropy)."""
+    """Weight of the entropy regulariser sum pi log pi (minus the entropy); the weight at the start under
+    ``entropy_cost_final``."""
+    entropy_cost_final: float | None = None
+    """None (the paper's): ``entropy_cost`` throughout. A number: the entropy cost moves linearly from ``entropy_cost``
+    to this over ``total_updates``, on the learning rate's clock (at optimiser step k both are at the fraction
+    k / total_updates of their way), so a policy kept exploring early can settle late (0: a greedy-leaning policy at
+    the end). Without ``total_updates`` (and no trainer's ``max_steps``) it stays at ``entropy_cost``."""
     reward_clip: float = 1.0
     """Rewards are clipped to [-reward_clip, reward_clip] in the loss and in the reward input; <= 0: no clipping."""
     lr: float = 6e-4
@@ -150,6 +156,11 @@ class R2ACConfig:
             )
         if self.optimizer not in ("rmsprop", "adam"):
             raise ValueError(f"R2ACConfig.optimizer must be 'rmsprop' or 'adam', got {self.optimizer!r}.")
+        if self.entropy_cost_final is not None and not self.entropy_cost_final >= 0:
+            raise ValueError(
+                f"R2ACConfig.entropy_cost_final must be a number >= 0 (the entropy cost at the end of training) or "
+                f"None to keep entropy_cost constant, got {self.entropy_cost_final!r}."
+            )
 
     @property
     def passes(self) -> int:
@@ -277,6 +288,7 @@ class R2AC(OnlineRecurrentModule):
         self.num_actions: int | None = action_spec["n"] if action_spec["type"] == "Discrete" else None
         self.obs_shape = obs_shape
         self.obs_normalizer = self._obs_normalizer(obs_shape)
+        self._schedule_total: int | None = None  # the LR schedule's length, set by configure_optimizers
         if obs_shape is None or (obs_spec is not None and is_image_spec(obs_spec) and is_channels_last(obs_shape)):
             self.stem: nn.Module = DictStem(obs_spec, fc_size, image_stem=stem)  # per key; or an HWC image
         else:
@@ -475,8 +487,11 @@ class R2AC(OnlineRecurrentModule):
         reduce = Tensor.sum if cfg.loss_reduction == "sum" else Tensor.mean
         pg_loss = -reduce(pg)
         baseline_loss = cfg.baseline_cost * 0.5 * reduce((vs - values) ** 2)
-        entropy_loss = cfg.entropy_cost * reduce(-entropy)
+        entropy_cost = self.entropy_cost_now()
+        entropy_loss = entropy_cost * reduce(-entropy)
         total = pg_loss + baseline_loss + entropy_loss
+        if cfg.entropy_cost_final is not None:
+            extra["entropy_cost"] = torch.tensor(entropy_cost)
         return {
             "loss": total,
             "pg_loss": pg_loss,
@@ -485,6 +500,23 @@ class R2AC(OnlineRecurrentModule):
             "entropy": entropy.detach().mean(),
             **extra,
         }
+
+    def entropy_cost_now(self) -> float:
+        """The entropy cost of the next optimiser step: ``entropy_cost``, or under ``entropy_cost_final`` the point
+        of the linear schedule that the LR schedule has reached (both decay with the optimiser steps taken)."""
+        cfg = self.config
+        progress = self._schedule_progress()
+        if cfg.entropy_cost_final is None or progress is None:
+            return cfg.entropy_cost
+        return cfg.entropy_cost + (cfg.entropy_cost_final - cfg.entropy_cost) * progress
+
+    def _schedule_progress(self) -> float | None:
+        """k / total_updates in [0, 1] after k optimiser steps of the LR schedule; None outside a trainer or
+        without a schedule."""
+        total = self._schedule_total
+        if not total or self._trainer is None or not self.trainer.lr_scheduler_configs:
+            return None
+        return min(1.0, self.trainer.lr_scheduler_configs[0].scheduler.last_epoch / total)
 
     @torch.no_grad()
     def targets(self, outputs: tuple[Tensor, Tensor, Tensor], segment: RolloutSegment) -> tuple[Tensor, Tensor]:
@@ -647,6 +679,7 @@ class R2AC(OnlineRecurrentModule):
         if not total:
             return opt
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: max(0.0, 1.0 - k / total))
+        self._schedule_total = total  # entropy_cost_final's schedule runs on this one's clock (_schedule_progress)
         if not self.automatic_optimization:  # several_passes steps it after every optimiser step
             return {"optimizer": opt, "lr_scheduler": sched}
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}

@@ -222,6 +222,69 @@ def test_minibatch_gradients_sum_to_the_full_batch_gradient(minibatches):
             torch.testing.assert_close(total, value, rtol=1e-9, atol=1e-12, msg=f"segment {s}: {name}")
 
 
+# -- an entropy cost that decays with the learning rate ----------------------------------------------------------------
+class Costs(Grads):
+    """:class:`Grads` plus each optimiser step's entropy cost and learning rate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.costs: list[tuple[float, float]] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        super().on_before_optimizer_step(trainer, pl_module, optimizer)
+        self.costs.append((pl_module.entropy_cost_now(), optimizer.param_groups[0]["lr"]))
+
+
+@pytest.mark.parametrize("epochs", [1, 2], ids=["one-pass", "two-passes"])
+def test_entropy_cost_final_moves_the_cost_on_the_learning_rates_clock(epochs):
+    """float64, fixed weights (lr 0 is a factor of every step's LR, so the schedule still runs): the gradient is
+    linear in the entropy cost, so step k of the scheduled run must equal the constant-cost runs' gradients mixed at
+    c_k = start + (final - start) k / total, the fraction by which the LR has decayed at the same step."""
+    segments = record(3, torch.float64)
+    start, final, total = 0.02, 0.005, 4 * epochs
+    common = dict(lr=0.0, grad_clip=0.0, epochs=epochs, total_updates=total)
+    runs = {}
+    for name, extra in {
+        "start": {"entropy_cost": start},
+        "final": {"entropy_cost": final},
+        "scheduled": {"entropy_cost": start, "entropy_cost_final": final},
+    }.items():
+        runs[name] = Costs()
+        fit(tiny(R2ACConfig(**common, **extra)).double(), segments, callbacks=[runs[name]])
+    assert [c for c, _ in runs["start"].costs] == [start] * 3 * epochs  # no schedule: constant
+    for k, ((_, got), (_, g0), (_, g1)) in enumerate(
+        zip(runs["scheduled"].steps, runs["start"].steps, runs["final"].steps, strict=True)
+    ):
+        cost = start + (final - start) * k / total
+        assert runs["scheduled"].costs[k][0] == pytest.approx(cost, rel=1e-12)
+        weight = (cost - start) / (final - start)
+        for name, value in got.items():
+            want = g0[name] + weight * (g1[name] - g0[name])
+            torch.testing.assert_close(value, want, rtol=1e-9, atol=1e-12, msg=f"step {k}: {name}")
+
+
+def test_entropy_cost_final_resumes_where_it_stopped(tmp_path):
+    """3 + 3 segments through a checkpoint end bit for bit where 6 straight segments end: the cost's clock (the LR
+    schedule's step count) is in the checkpoint, and the costs seen at every step are the same."""
+    segments = record(6)
+    cfg = R2ACConfig(entropy_cost=0.05, entropy_cost_final=0.0, epochs=2, total_updates=12, lr=1e-2)
+    straight, costs = tiny(cfg), Costs()
+    fit(straight, segments, callbacks=[costs])
+    first, resumed_costs = tiny(cfg), Costs()
+    save = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
+    fit(first, segments, max_steps=6, callbacks=[save, resumed_costs])
+    resumed = tiny(cfg)
+    fit(resumed, segments[3:] + segments[:3], ckpt_path=tmp_path / "last.ckpt", max_steps=12, callbacks=[resumed_costs])
+    assert resumed_costs.costs == costs.costs and costs.costs[-1][0] == pytest.approx(0.05 / 12)
+    assert_same(straight, resumed)
+
+
+@pytest.mark.parametrize("bad", [-0.01, float("nan")])
+def test_entropy_cost_final_must_be_a_cost(bad):
+    with pytest.raises(ValueError, match="entropy_cost_final must be a number >= 0"):
+        R2ACConfig(entropy_cost_final=bad)
+
+
 def test_the_carry_moves_forward_once_and_stays_the_actors_state():
     """Training (lr > 0) with 2 epochs x 2 minibatches: after every segment the learner's carry is the actor's state
     (the carry moved forward is the first pass's, computed with the weights and the reward scale the actor acted

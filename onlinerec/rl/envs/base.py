@@ -27,8 +27,9 @@ class MissingBackendError(ImportError):
     """An optional env backend (ale-py, procgen, deepmind_lab, popgym, minigrid, ...) is not installed."""
 
 
-PURPOSES: dict[str, int] = {"train": 0, "eval": 1}
-"""What a run's envs are for; each purpose gets its own, disjoint env streams (:func:`run_env_seed`)."""
+PURPOSES: dict[str, int] = {"train": 0, "eval": 1, "diagnostic": 2}
+"""What a run's envs are for (training; the greedy evaluation after it; analyses of a trained agent, such as
+``benchmarks/minigrid_cue.py``); each purpose gets its own, disjoint env streams (:func:`run_env_seed`)."""
 
 
 def _nonnegative(name: str, value: Any) -> int:

@@ -1,0 +1,178 @@
+"""Does an agent use MiniGrid-Memory's cue? Plays episodes with trained agents and splits them by what they saw.
+
+In ``MiniGrid-Memory*`` the agent starts in a small room, facing the hallway, with the cue object (a key or a ball)
+in the room's corner behind it. It sees the cue at its first step only when it starts on the room's first column
+(about a fifth of the starts on ``MiniGrid-MemoryS7-v0``); otherwise it has to turn to see it. At the hallway's end it
+sees both objects and must walk to the one that matches the cue; the other ends the episode with 0. So a policy that
+walks to either object at random scores about 0.45-0.49 whatever it remembers, and a score above that needs memory.
+
+For each agent this prints, over ``--episodes`` episodes on env streams of their own (``run_env_seed(seed,
+purpose="diagnostic")``: neither training's nor the evaluation's), with greedy and with sampled actions:
+
+- how often the cue was in view at the first step, and at any step before the episode ended;
+- the success rate (walked to the matching object) when the cue had been seen and when it had not, and the timeouts.
+
+A policy that remembers the cue succeeds far more often when it saw it than when it did not (where it can only
+guess: about 50 %); one that ignores it succeeds about as often either way. Usage::
+
+    python benchmarks/minigrid_cue.py runs/memory_suite/r2ac/MiniGridMemoryS7/<arm>-seed0 \\
+        runs/memory_suite/runs/MiniGridMemoryS7/ppo_lstm/seed0.zip
+
+An R2AC agent is an ``onlinerec rl`` output folder (its ``config.json`` and ``checkpoints/last.ckpt``); a
+RecurrentPPO agent is the ``seed<k>.zip`` that ``memory_suite.py`` saves beside the run's JSON (with its
+``seed<k>.vecnormalize.pkl`` if the arm normalised observations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ENV = "MiniGrid-MemoryS7-v0"
+
+
+class R2ACAgent:
+    """An ``onlinerec rl`` run's trained R2AC, acting on its own carried state (stream "cue")."""
+
+    def __init__(self, run_dir: Path) -> None:
+        from onlinerec.rl.r2ac import R2AC
+
+        config = json.loads((run_dir / "config.json").read_text())
+        ckpt = run_dir / "checkpoints" / "last.ckpt"
+        if not ckpt.is_file():
+            raise FileNotFoundError(f"{run_dir} has no checkpoints/last.ckpt: is it an onlinerec rl run folder?")
+        self.env, self.seed = str(config["env"]).removeprefix("minigrid:"), int(config["seed"])
+        self.model = R2AC.load_from_checkpoint(str(ckpt), map_location="cpu", weights_only=False).eval()
+        self.model.reset_streams("cue")
+
+    def act(self, obs: np.ndarray, reward: np.ndarray, reset: np.ndarray, greedy: bool) -> np.ndarray:
+        import torch
+
+        obs_t, reward_t, reset_t = torch.as_tensor(obs), torch.as_tensor(reward), torch.as_tensor(reset)
+        return self.model.act(obs_t, reward_t, reset_t, greedy=greedy, stream="cue")[0].numpy()
+
+
+class RecurrentPPOAgent:
+    """A RecurrentPPO policy saved by ``memory_suite.py`` (``seed<k>.zip``, its JSON beside it)."""
+
+    def __init__(self, path: Path) -> None:
+        import pickle
+
+        from sb3_contrib import RecurrentPPO
+
+        record = json.loads(path.with_suffix(".json").read_text()) if path.with_suffix(".json").is_file() else {}
+        self.env = str(record.get("config", {}).get("env", ENV)).removeprefix("minigrid:")
+        self.seed = int(record.get("seed", 0))
+        self.model = RecurrentPPO.load(str(path), device="cpu")
+        stats = path.with_suffix(".vecnormalize.pkl")
+        self.normalize = pickle.loads(stats.read_bytes()).normalize_obs if stats.is_file() else None  # noqa: S301
+        self.state = None
+
+    def act(self, obs: np.ndarray, reward: np.ndarray, reset: np.ndarray, greedy: bool) -> np.ndarray:
+        seen = obs if self.normalize is None else self.normalize(obs)
+        action, self.state = self.model.predict(seen, state=self.state, episode_start=reset, deterministic=greedy)
+        return np.asarray(action)
+
+
+def load_agent(path: Path) -> R2ACAgent | RecurrentPPOAgent:
+    if path.suffix == ".zip":
+        return RecurrentPPOAgent(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is neither an onlinerec rl run folder (config.json) nor a RecurrentPPO .zip")
+    return R2ACAgent(path)
+
+
+def cue_statistics(agent: Any, episodes: int, seed: int, *, greedy: bool) -> dict[str, float]:
+    """Play ``episodes`` episodes of the agent's env (one env, its own seeded stream) and return the share of episodes
+    in which the cue was seen (at the first step; before the end), the success rates with and without a sighting, the
+    timeout share and the mean return."""
+    import torch
+
+    from onlinerec.rl.envs import make_vector_env
+
+    torch.manual_seed(seed)  # both agents sample their actions with torch: the same figures on every call
+    env = make_vector_env(agent.env, 1, seed=seed)  # the adapter both agents trained on (channels-first symbolic view)
+    inner = env.env.envs[0].unwrapped  # SameStepEnv -> SyncVectorEnv -> the MemoryEnv itself
+    obs, _ = env.reset()
+    if not hasattr(inner, "agent_sees") or not hasattr(inner, "success_pos"):
+        raise ValueError(f"{agent.env} is not a MiniGrid-Memory env")
+    rows = []
+    reward, reset = np.zeros(1, np.float32), np.ones(1, bool)
+    seen_first, seen, steps = None, False, 0
+    while len(rows) < episodes:
+        sighted = bool(inner.agent_sees(1, inner.height // 2 - 1))  # MemoryEnv's cue: the start room's top-left corner
+        seen_first = sighted if seen_first is None else seen_first
+        seen = seen or sighted
+        obs, reward, terminated, truncated, _ = env.step(agent.act(obs, reward, reset, greedy))
+        steps += 1
+        reset, reward = terminated | truncated, reward.astype(np.float32)
+        if reset[0]:
+            rows.append((seen_first, seen, float(reward[0]) > 0, bool(truncated[0]), float(reward[0]), steps))
+            seen_first, seen, steps = None, False, 0
+    env.close()
+    first, ever, success, timeout, returns, lengths = (np.asarray(c) for c in zip(*rows, strict=True))
+
+    def rate(mask: np.ndarray) -> float:
+        return float(success[mask].mean()) if mask.any() else float("nan")
+
+    return {
+        "episodes": len(rows),
+        "cue_seen_first_step": float(first.mean()),
+        "cue_seen": float(ever.mean()),
+        "success_if_seen": rate(ever),
+        "success_if_not_seen": rate(~ever),
+        "success": float(success.mean()),
+        "timeouts": float(timeout.mean()),
+        "return": float(returns.mean()),
+        "length": float(lengths.mean()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("agents", nargs="+", type=Path, help="onlinerec rl run folders or RecurrentPPO .zip files")
+    parser.add_argument("--episodes", type=int, default=400)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from onlinerec.rl.envs import run_env_seed
+
+    torch.set_num_threads(1)
+    results: dict[str, Any] = {}
+    print("| agent | actions | cue seen at step 1 | cue seen | success if seen | success if not | timeouts | return |")
+    print("|" + "---|" * 8)
+    for path in args.agents:
+        try:
+            agent = load_agent(path)
+        except (FileNotFoundError, ValueError, json.JSONDecodeError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        if not agent.env.startswith("MiniGrid-Memory"):
+            print(f"error: {path} trained on {agent.env}, not a MiniGrid-Memory env", file=sys.stderr)
+            return 2
+        seed = run_env_seed(agent.seed, purpose="diagnostic")  # streams no training or evaluation used
+        for greedy in (True, False):
+            s = cue_statistics(agent, args.episodes, seed, greedy=greedy)
+            kind = "greedy" if greedy else "sampled"
+            results[f"{path}:{kind}"] = s
+            name = path.parent.parent.name + "/" + path.stem if path.suffix == ".zip" else path.name
+            print(
+                f"| {name} | {kind} | {s['cue_seen_first_step']:.0%} | {s['cue_seen']:.0%} | "
+                f"{s['success_if_seen']:.0%} | {s['success_if_not_seen']:.0%} | {s['timeouts']:.0%} | "
+                f"{s['return']:.3f} |",
+                flush=True,
+            )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
