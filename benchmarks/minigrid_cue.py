@@ -6,6 +6,9 @@ in the room's corner behind it. It sees the cue at its first step only when it s
 sees both objects and must walk to the one that matches the cue; the other ends the episode with 0. So a policy that
 walks to either object at random scores about 0.45-0.49 whatever it remembers, and a score above that needs memory.
 
+With ``--references`` it first plays three hand-written policies (:class:`ScriptedAgent`): one that ignores the
+cue, one that remembers it when it saw it at its first step, and one that turns to look at it first.
+
 For each agent this prints, over ``--episodes`` episodes on env streams of their own (``run_env_seed(seed,
 purpose="diagnostic")``: neither training's nor the evaluation's), with greedy and with sampled actions:
 
@@ -79,6 +82,50 @@ class RecurrentPPOAgent:
         return np.asarray(action)
 
 
+KEY, BALL = 5, 6  # MiniGrid's object indices
+LEFT, RIGHT, FORWARD = 0, 1, 2
+
+
+class ScriptedAgent:
+    """Hand-written MiniGrid-MemoryS7 policies whose scores say what memory is worth (``--references``):
+
+    - ``ignore``: walks down the hallway and, at the split, always turns to the object on its left;
+    - ``remember``: the same, but turns to the object that matches the cue when it saw the cue at its first step;
+    - ``look``: first turns left, which brings the cue into view from any start, reads it, turns back, walks, and
+      turns to the matching object.
+
+    It reads the channels-first view ``obs[0][i][j]``, where the agent stands at (3, 6) facing up: (2, 6) is the cell
+    on its left (the cue, for a start on the room's first column), (1, 6) and (5, 6) the cells two to each side (the
+    two objects, at the split), and row 5 the cells one ahead (the cue at i <= 3 after the first left turn)."""
+
+    def __init__(self, policy: str, env: str = ENV, seed: int = 0) -> None:
+        if policy not in ("ignore", "remember", "look"):
+            raise ValueError(f"policy must be 'ignore', 'remember' or 'look', got {policy!r}")
+        self.policy, self.env, self.seed = policy, env, seed
+        self.cue, self.phase = None, "walk"
+
+    def act(self, obs: np.ndarray, reward: np.ndarray, reset: np.ndarray, greedy: bool) -> np.ndarray:
+        view = obs[0, 0]
+        if reset[0]:
+            self.cue = view[2][6] if view[2][6] in (KEY, BALL) and self.policy == "remember" else None
+            self.phase = "turned" if self.policy == "look" else "walk"
+            return np.array([LEFT]) if self.policy == "look" else self._walk(view)
+        if self.phase == "turned":  # facing the room's top wall: the cue is one row ahead, left of centre
+            self.cue = next((v for v in view[:4, 5] if v in (KEY, BALL)), None)
+            self.phase = "walk"
+            return np.array([RIGHT])
+        return self._walk(view)
+
+    def _walk(self, view: np.ndarray) -> np.ndarray:
+        if self.phase == "chosen":
+            return np.array([FORWARD])
+        if view[1][6] in (KEY, BALL) and view[5][6] in (KEY, BALL):  # at the split
+            self.phase = "chosen"
+            target = view[1][6] if self.cue is None else self.cue
+            return np.array([LEFT if view[1][6] == target else RIGHT])
+        return np.array([FORWARD])
+
+
 def load_agent(path: Path) -> R2ACAgent | RecurrentPPOAgent:
     if path.suffix == ".zip":
         return RecurrentPPOAgent(path)
@@ -135,10 +182,13 @@ def cue_statistics(agent: Any, episodes: int, seed: int, *, greedy: bool) -> dic
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("agents", nargs="+", type=Path, help="onlinerec rl run folders or RecurrentPPO .zip files")
+    parser.add_argument("agents", nargs="*", type=Path, help="onlinerec rl run folders or RecurrentPPO .zip files")
+    parser.add_argument("--references", action="store_true", help="also the scripted policies (ScriptedAgent)")
     parser.add_argument("--episodes", type=int, default=400)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args(argv)
+    if not args.agents and not args.references:
+        parser.error("name at least one agent (a run folder or a .zip), or --references")
 
     import torch
 
@@ -148,27 +198,27 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     print("| agent | actions | cue seen at step 1 | cue seen | success if seen | success if not | timeouts | return |")
     print("|" + "---|" * 8)
-    for path in args.agents:
+    named: list[tuple[str, Any]] = [(f"scripted: {p}", p) for p in ("ignore", "remember", "look") if args.references]
+    named += [(str(path), path) for path in args.agents]
+    for label, what in named:
         try:
-            agent = load_agent(path)
+            agent = ScriptedAgent(what) if isinstance(what, str) else load_agent(what)
         except (FileNotFoundError, ValueError, json.JSONDecodeError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
         if not agent.env.startswith("MiniGrid-Memory"):
-            print(f"error: {path} trained on {agent.env}, not a MiniGrid-Memory env", file=sys.stderr)
+            print(f"error: {what} trained on {agent.env}, not a MiniGrid-Memory env", file=sys.stderr)
             return 2
+        if isinstance(what, Path):  # the run's own name: <arm>-seed<k> for R2AC, <arm>/seed<k> for RecurrentPPO
+            label = f"{what.parent.parent.name}/{what.stem}" if what.suffix == ".zip" else what.name
         seed = run_env_seed(agent.seed, purpose="diagnostic")  # streams no training or evaluation used
-        for greedy in (True, False):
+        for greedy in (True, False) if not isinstance(agent, ScriptedAgent) else (True,):  # a script does not sample
             s = cue_statistics(agent, args.episodes, seed, greedy=greedy)
             kind = "greedy" if greedy else "sampled"
-            results[f"{path}:{kind}"] = s
-            name = path.parent.parent.name + "/" + path.stem if path.suffix == ".zip" else path.name
-            print(
-                f"| {name} | {kind} | {s['cue_seen_first_step']:.0%} | {s['cue_seen']:.0%} | "
-                f"{s['success_if_seen']:.0%} | {s['success_if_not_seen']:.0%} | {s['timeouts']:.0%} | "
-                f"{s['return']:.3f} |",
-                flush=True,
-            )
+            results[f"{label}:{kind}"] = s
+            shares = (s[k] for k in ("cue_seen_first_step", "cue_seen", "success_if_seen", "success_if_not_seen"))
+            cells = " | ".join("–" if np.isnan(v) else f"{v:.0%}" for v in (*shares, s["timeouts"]))
+            print(f"| {label} | {kind} | {cells} | {s['return']:.3f} |", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0
