@@ -13,7 +13,10 @@ For each agent this prints, over ``--episodes`` episodes on env streams of their
 purpose="diagnostic")``: neither training's nor the evaluation's), with greedy and with sampled actions:
 
 - how often the cue was in view at the first step, and at any step before the episode ended;
-- the success rate (walked to the matching object) when the cue had been seen and when it had not, and the timeouts.
+- the success rate (walked to the matching object) when the cue had been seen and when it had not, and the timeouts;
+- for R2AC, its critic's value of the last step of the episodes in which it had seen the cue, split by success and
+  failure: one step before the end the outcome is decided, so a critic that remembers the cue tells them apart (about
+  0.97 against 0), and one that does not gives both the same value.
 
 A policy that remembers the cue succeeds far more often when it saw it than when it did not (where it can only
 guess: about 50 %); one that ignores it succeeds about as often either way. Usage::
@@ -54,10 +57,15 @@ class R2ACAgent:
         self.model.reset_streams("cue")
 
     def act(self, obs: np.ndarray, reward: np.ndarray, reset: np.ndarray, greedy: bool) -> np.ndarray:
+        """``R2AC.act`` written out, keeping the critic's value of this step as :attr:`value`."""
         import torch
 
-        obs_t, reward_t, reset_t = torch.as_tensor(obs), torch.as_tensor(reward), torch.as_tensor(reset)
-        return self.model.act(obs_t, reward_t, reset_t, greedy=greedy, stream="cue")[0].numpy()
+        m = self.model
+        with torch.no_grad():
+            x = m.features(torch.as_tensor(obs).unsqueeze(0), torch.as_tensor(reward).unsqueeze(0))
+            params, value = m.heads(m(x, torch.as_tensor(reset).unsqueeze(0), "cue")[0])
+        self.value = float(value[0])
+        return (m.policy.mode(params) if greedy else m.policy.sample(params)).numpy()
 
 
 class RecurrentPPOAgent:
@@ -159,13 +167,16 @@ def cue_statistics(agent: Any, episodes: int, seed: int, *, greedy: bool) -> dic
         steps += 1
         reset, reward = terminated | truncated, reward.astype(np.float32)
         if reset[0]:
-            rows.append((seen_first, seen, float(reward[0]) > 0, bool(truncated[0]), float(reward[0]), steps))
+            value = getattr(agent, "value", float("nan"))  # the critic's value of the last step (R2AC only)
+            rows.append((seen_first, seen, float(reward[0]) > 0, bool(truncated[0]), float(reward[0]), steps, value))
             seen_first, seen, steps = None, False, 0
     env.close()
-    first, ever, success, timeout, returns, lengths = (np.asarray(c) for c in zip(*rows, strict=True))
+    first, ever, success, timeout, returns, lengths, values = (np.asarray(c) for c in zip(*rows, strict=True))
+
+    nan = float("nan")
 
     def rate(mask: np.ndarray) -> float:
-        return float(success[mask].mean()) if mask.any() else float("nan")
+        return float(success[mask].mean()) if mask.any() else nan
 
     return {
         "episodes": len(rows),
@@ -177,6 +188,9 @@ def cue_statistics(agent: Any, episodes: int, seed: int, *, greedy: bool) -> dic
         "timeouts": float(timeout.mean()),
         "return": float(returns.mean()),
         "length": float(lengths.mean()),
+        # a critic that remembers the cue knows, one step before a seen-cue episode ends, whether it will succeed
+        "value_last_step_if_seen_success": float(values[ever & success].mean()) if (ever & success).any() else nan,
+        "value_last_step_if_seen_failure": float(values[ever & ~success].mean()) if (ever & ~success).any() else nan,
     }
 
 
@@ -196,8 +210,11 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     results: dict[str, Any] = {}
-    print("| agent | actions | cue seen at step 1 | cue seen | success if seen | success if not | timeouts | return |")
-    print("|" + "---|" * 8)
+    print(
+        "| agent | actions | cue seen at step 1 | cue seen | success if seen | success if not | timeouts | return | "
+        "value of the last step if seen: success / failure |"
+    )
+    print("|" + "---|" * 9)
     named: list[tuple[str, Any]] = [(f"scripted: {p}", p) for p in ("ignore", "remember", "look") if args.references]
     named += [(str(path), path) for path in args.agents]
     for label, what in named:
@@ -218,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             results[f"{label}:{kind}"] = s
             shares = (s[k] for k in ("cue_seen_first_step", "cue_seen", "success_if_seen", "success_if_not_seen"))
             cells = " | ".join("–" if np.isnan(v) else f"{v:.0%}" for v in (*shares, s["timeouts"]))
-            print(f"| {label} | {kind} | {cells} | {s['return']:.3f} |", flush=True)
+            ends = " / ".join("–" if np.isnan(v) else f"{v:.3f}" for v in (s[k] for k in s if k.startswith("value_")))
+            print(f"| {label} | {kind} | {cells} | {s['return']:.3f} | {ends} |", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

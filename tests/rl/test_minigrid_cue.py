@@ -5,6 +5,7 @@ trained run."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -60,10 +61,13 @@ def test_the_script_reads_a_trained_run_and_refuses_other_folders(tmp_path, caps
             "--tensorboard", "false", "--out_dir", str(run)]  # fmt: skip
     assert rl(args) == 0
     capsys.readouterr()
-    assert cue.main([str(run), "--episodes", "5", "--json", str(tmp_path / "cue.json")]) == 0
+    assert cue.main([str(run), "--episodes", "30", "--json", str(tmp_path / "cue.json")]) == 0
     table = capsys.readouterr().out
     assert "| run | greedy |" in table and "| run | sampled |" in table
-    assert (tmp_path / "cue.json").is_file()
+    figures = json.loads((tmp_path / "cue.json").read_text())
+    assert figures.keys() == {"run:greedy", "run:sampled"} and figures["run:greedy"]["episodes"] == 30
+    for f in figures.values():  # the critic's values of seen-cue episodes' last steps (a timeout counts as a failure)
+        assert f["cue_seen"] > 0 and math.isfinite(f["value_last_step_if_seen_failure"])
     assert cue.main([str(tmp_path)]) == 2
     assert "neither an onlinerec rl run folder" in capsys.readouterr().err
 
