@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {what} trained on {agent.env}, not a MiniGrid-Memory env", file=sys.stderr)
             return 2
         if isinstance(what, Path):  # the run's own name: <arm>-seed<k> for R2AC, <arm>/seed<k> for RecurrentPPO
-            label = f"{what.parent.parent.name}/{what.stem}" if what.suffix == ".zip" else what.name
+            label = f"{what.parent.name}/{what.stem}" if what.suffix == ".zip" else what.name
         seed = run_env_seed(agent.seed, purpose="diagnostic")  # streams no training or evaluation used
         for greedy in (True, False) if not isinstance(agent, ScriptedAgent) else (True,):  # a script does not sample
             s = cue_statistics(agent, args.episodes, seed, greedy=greedy)
