@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--references", action="store_true", help="also the scripted policies (ScriptedAgent)")
     parser.add_argument("--episodes", type=int, default=400)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--plot", type=Path, default=None, help="also draw the success rates here (a PNG)")
     args = parser.parse_args(argv)
     if not args.agents and not args.references:
         parser.error("name at least one agent (a run folder or a .zip), or --references")
@@ -239,7 +240,36 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {label} | {kind} | {cells} | {s['return']:.3f} | {ends} |", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
+    if args.plot:
+        plot_success(results, args.plot)
     return 0
+
+
+def plot_success(results: dict[str, dict[str, float]], path: Path) -> None:
+    """Bars of each agent's success rate with and without a sighting of the cue (sampled actions where the agent
+    samples): a policy that remembers the cue has a taller first bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = {k.rsplit(":", 1)[0]: v for k, v in results.items() if k.endswith(":sampled") or k.startswith("scripted")}
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(rows) + 2), 4.2))
+    seen = [v["success_if_seen"] for v in rows.values()]
+    unseen = [np.nan_to_num(v["success_if_not_seen"], nan=0.0) for v in rows.values()]
+    ax.bar(x - 0.2, seen, 0.4, label="cue seen", color="tab:blue")
+    ax.bar(x + 0.2, unseen, 0.4, label="cue not seen", color="tab:gray")
+    ax.axhline(0.5, color="k", lw=0.8, ls=":")
+    ax.set_xticks(x, list(rows), rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("success rate")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("MiniGrid-MemoryS7: success with and without a sighting of the cue")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

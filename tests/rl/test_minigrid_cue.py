@@ -41,8 +41,9 @@ def test_a_policy_that_turns_to_look_sees_the_cue_every_time_and_always_succeeds
     assert s["return"] > 0.95  # two extra turns cost 0.9 * 2 / 245 each time
 
 
-def test_the_references_are_printed_and_a_mistake_is_named(capsys):
-    assert cue.main(["--references", "--episodes", "20"]) == 0
+def test_the_references_are_printed_and_drawn_and_a_mistake_is_named(capsys, tmp_path):
+    assert cue.main(["--references", "--episodes", "20", "--plot", str(tmp_path / "cue.png")]) == 0
+    assert (tmp_path / "cue.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = capsys.readouterr().out
     assert all(f"| scripted: {p} | greedy |" in table for p in ("ignore", "remember", "look"))
     assert "sampled" not in table  # a script does not sample
