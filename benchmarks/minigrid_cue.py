@@ -210,15 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     from onlinerec.rl.envs import run_env_seed
 
     torch.set_num_threads(1)
-    results: dict[str, Any] = {}
-    print(
-        "| agent | actions | cue seen at step 1 | cue seen | success if seen | success if not | timeouts | return | "
-        "value of the last step if seen: success / failure |"
-    )
-    print("|" + "---|" * 9)
-    named: list[tuple[str, Any]] = [(f"scripted: {p}", p) for p in ("ignore", "remember", "look") if args.references]
-    named += [(str(path), path) for path in args.agents]
-    for label, what in named:
+    agents: list[tuple[str, Any]] = []  # every agent loaded and checked before any episode is played
+    named: list[str | Path] = [*(p for p in ("ignore", "remember", "look") if args.references), *args.agents]
+    for what in named:
         try:
             agent = ScriptedAgent(what) if isinstance(what, str) else load_agent(what)
         except (FileNotFoundError, ValueError, json.JSONDecodeError) as err:
@@ -227,8 +221,18 @@ def main(argv: list[str] | None = None) -> int:
         if not agent.env.startswith("MiniGrid-Memory"):
             print(f"error: {what} trained on {agent.env}, not a MiniGrid-Memory env", file=sys.stderr)
             return 2
-        if isinstance(what, Path):  # the run's own name: <arm>-seed<k> for R2AC, <arm>/seed<k> for RecurrentPPO
+        if isinstance(what, str):
+            label = f"scripted: {what}"
+        else:  # the run's own name: <arm>-seed<k> for R2AC, <arm>/seed<k> for RecurrentPPO
             label = f"{what.parent.name}/{what.stem}" if what.suffix == ".zip" else what.name
+        agents.append((label, agent))
+    results: dict[str, Any] = {}
+    print(
+        "| agent | actions | cue seen at step 1 | cue seen | success if seen | success if not | timeouts | return | "
+        "value of the last step if seen: success / failure |"
+    )
+    print("|" + "---|" * 9)
+    for label, agent in agents:
         seed = run_env_seed(agent.seed, purpose="diagnostic")  # streams no training or evaluation used
         for greedy in (True, False) if not isinstance(agent, ScriptedAgent) else (True,):  # a script does not sample
             s = cue_statistics(agent, args.episodes, seed, greedy=greedy)

@@ -57,6 +57,12 @@ def parse_config(
     parser.add_class_arguments(cls, as_group=False)
     args = _normalise(list(sys.argv[1:] if argv is None else argv), _bool_fields(cls))
     namespace = parser.parse_args(args)
+    for name, given, path in _shadowed_options(args):  # jsonargparse applies them in order: the later file won
+        print(
+            f"warning: --{name} {given} is overridden by --config {path}, which comes after it and sets {name}: "
+            f"{namespace.get(name)!r} is used. Options override a config file only when they come after it.",
+            file=sys.stderr,
+        )
     for flag, values in (presets or {}).items():
         if namespace.get(flag):
             parser.set_defaults(**dict(values))
@@ -90,6 +96,40 @@ def _normalise(args: list[str], bools: set[str]) -> list[str]:
         if name in bools and (following is None or following.startswith("--")):
             out.append("true")
     return out
+
+
+def _shadowed_options(args: list[str]) -> list[tuple[str, str, str]]:
+    """(name, value given, config file) for every ``--name value`` given before a ``--config`` file that sets ``name``
+    too (``r2ac.lr`` for a nested key): jsonargparse applies both in order, so the later file's value silently wins."""
+    import yaml
+
+    found = []
+    for i, arg in enumerate(args):
+        if arg != "--config" and not arg.startswith("--config="):
+            continue
+        path = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue  # jsonargparse reports a missing or broken file itself
+        keys = set(_flat_keys(data)) if isinstance(data, Mapping) else set()
+        for j, option in enumerate(args[:i]):
+            if not option.startswith("--"):
+                continue
+            name, _, value = option[2:].partition("=")
+            if name != "config" and name in keys:
+                found.append((name, value or (args[j + 1] if j + 1 < i else ""), path))
+    return found
+
+
+def _flat_keys(data: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """``{"r2ac": {"lr": 1}}`` -> ``["r2ac", "r2ac.lr"]``."""
+    keys = []
+    for key, value in data.items():
+        keys.append(prefix + str(key))
+        if isinstance(value, Mapping):
+            keys += _flat_keys(value, f"{prefix}{key}.")
+    return keys
 
 
 def _build(cls: type[T], values: Mapping[str, Any]) -> T:

@@ -69,8 +69,9 @@ def test_the_script_reads_a_trained_run_and_refuses_other_folders(tmp_path, caps
     assert figures.keys() == {"run:greedy", "run:sampled"} and figures["run:greedy"]["episodes"] == 30
     for f in figures.values():  # the critic's values of seen-cue episodes' last steps (a timeout counts as a failure)
         assert f["cue_seen"] > 0 and math.isfinite(f["value_last_step_if_seen_failure"])
-    assert cue.main([str(tmp_path)]) == 2
-    assert "neither an onlinerec rl run folder" in capsys.readouterr().err
+    assert cue.main([str(run), str(tmp_path)]) == 2  # every agent is checked before any is played
+    out, err = capsys.readouterr()
+    assert "neither an onlinerec rl run folder" in err and out == ""
 
 
 if __name__ == "__main__":
