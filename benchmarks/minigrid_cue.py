@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import gymnasium
 import numpy as np
 
 ENV = "MiniGrid-MemoryS7-v0"
@@ -53,6 +54,7 @@ class R2ACAgent:
         if not ckpt.is_file():
             raise FileNotFoundError(f"{run_dir} has no checkpoints/last.ckpt: is it an onlinerec rl run folder?")
         self.env, self.seed = str(config["env"]).removeprefix("minigrid:"), int(config["seed"])
+        self.env_kwargs = dict(config.get("env_kwargs") or {})  # its wrappers (e.g. CueInView) play here too
         self.model = R2AC.load_from_checkpoint(str(ckpt), map_location="cpu", weights_only=False).eval()
         self.model.reset_streams("cue")
 
@@ -134,6 +136,32 @@ class ScriptedAgent:
         return np.array([FORWARD])
 
 
+class CueInView(gymnasium.Wrapper):
+    """A gymnasium wrapper for MiniGrid-Memory that answers "is memory the obstacle?": when the agent sees the cue at
+    its first step, the cue's object index is written into the top-left cell of every later view of that episode
+    (a corner that otherwise shows wall or nothing), so using it needs no memory, only the comparison with the
+    layout. Train with ``onlinerec rl ... --env_kwargs '{wrappers: [{class_path: minigrid_cue.CueInView}]}'`` (with
+    ``benchmarks/`` on ``PYTHONPATH``); this script plays such a run with the same wrapper. A policy that uses the
+    cue then scores like the ``remember`` script (0.62), one that does not like ``ignore`` (0.51)."""
+
+    def reset(self, **kwargs: Any) -> Any:
+        obs, info = self.env.reset(**kwargs)
+        u = self.env.unwrapped
+        corner = (1, u.height // 2 - 1)  # MemoryEnv's cue
+        self.cue = (KEY if u.grid.get(*corner).type == "key" else BALL) if u.agent_sees(*corner) else None
+        return self._mark(obs), info
+
+    def step(self, action: Any) -> Any:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return self._mark(obs), reward, terminated, truncated, info
+
+    def _mark(self, obs: dict[str, Any]) -> dict[str, Any]:
+        if self.cue is not None:
+            obs = {**obs, "image": obs["image"].copy()}
+            obs["image"][0, 0, 0] = self.cue
+        return obs
+
+
 def load_agent(path: Path) -> R2ACAgent | RecurrentPPOAgent:
     if path.suffix == ".zip":
         return RecurrentPPOAgent(path)
@@ -151,7 +179,8 @@ def cue_statistics(agent: Any, episodes: int, seed: int, *, greedy: bool) -> dic
     from onlinerec.rl.envs import make_vector_env
 
     torch.manual_seed(seed)  # both agents sample their actions with torch: the same figures on every call
-    env = make_vector_env(agent.env, 1, seed=seed)  # the adapter both agents trained on (channels-first symbolic view)
+    # the adapter both agents trained on (channels-first symbolic view), with the run's own wrappers
+    env = make_vector_env(agent.env, 1, seed=seed, **getattr(agent, "env_kwargs", {}))
     inner = env.env.envs[0].unwrapped  # SameStepEnv -> SyncVectorEnv -> the MemoryEnv itself
     obs, _ = env.reset()
     if not hasattr(inner, "agent_sees") or not hasattr(inner, "success_pos"):

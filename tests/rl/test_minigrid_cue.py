@@ -10,6 +10,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("minigrid")
@@ -17,6 +18,7 @@ pytest.importorskip("minigrid")
 PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "minigrid_cue.py"
 spec = importlib.util.spec_from_file_location("minigrid_cue", PATH)
 cue = importlib.util.module_from_spec(spec)
+sys.modules.setdefault("minigrid_cue", cue)  # so that wrappers can name minigrid_cue.CueInView by class path
 spec.loader.exec_module(cue)
 
 
@@ -76,3 +78,30 @@ def test_the_script_reads_a_trained_run_and_refuses_other_folders(tmp_path, caps
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
+
+
+def test_cue_in_view_writes_a_first_step_cue_into_every_later_view_of_its_episode():
+    from onlinerec.rl.envs import make_vector_env
+
+    env = make_vector_env(cue.ENV, 1, seed=2, wrappers=[{"class_path": "minigrid_cue.CueInView"}])
+    plain = make_vector_env(cue.ENV, 1, seed=2)  # the same streams without the wrapper, stepped alongside
+    walker = cue.ScriptedAgent("ignore")  # walks straight to an object: many short episodes
+    (obs, _), (reference, _) = env.reset(), plain.reset()
+    reset, marked, unmarked = np.ones(1, bool), 0, 0
+    for _ in range(600):
+        seen = env.env.envs[0].get_wrapper_attr("cue")
+        if reset[0]:  # an episode's first step: marked exactly when the cue is in view
+            assert (seen is not None) == plain.env.envs[0].unwrapped.agent_sees(1, 2)
+        if seen is None:
+            assert (obs == reference).all()  # the env's own view
+            unmarked += 1
+        else:
+            expected = reference.copy()
+            expected[0, 0, 0, 0] = seen  # object index of the view's top-left cell: nothing else changes
+            assert (obs == expected).all()
+            marked += 1
+        action = walker.act(obs, np.zeros(1), reset, True)
+        obs, _, terminated, truncated, _ = env.step(action)
+        reference, *_ = plain.step(action)
+        reset = terminated | truncated
+    assert marked > 50 and unmarked > 50
