@@ -505,8 +505,8 @@ class R2AC(OnlineRecurrentModule):
         """The entropy cost of the next optimiser step: ``entropy_cost``, or under ``entropy_cost_final`` the point
         of the linear schedule that the LR schedule has reached (both decay with the optimiser steps taken)."""
         cfg = self.config
-        progress = self._schedule_progress()
-        if cfg.entropy_cost_final is None or progress is None:
+        progress = None if cfg.entropy_cost_final is None else self._schedule_progress()
+        if progress is None:
             return cfg.entropy_cost
         return cfg.entropy_cost + (cfg.entropy_cost_final - cfg.entropy_cost) * progress
 
