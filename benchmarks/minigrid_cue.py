@@ -96,6 +96,11 @@ KEY, BALL = 5, 6  # MiniGrid's object indices
 LEFT, RIGHT, FORWARD = 0, 1, 2
 
 
+def cue_cell(memory_env: Any) -> tuple[int, int]:
+    """Where ``MemoryEnv`` puts the cue: the start room's top-left corner."""
+    return 1, memory_env.height // 2 - 1
+
+
 class ScriptedAgent:
     """Hand-written MiniGrid-MemoryS7 policies whose scores say what memory is worth (``--references``):
 
@@ -147,8 +152,8 @@ class CueInView(gymnasium.Wrapper):
     def reset(self, **kwargs: Any) -> Any:
         obs, info = self.env.reset(**kwargs)
         u = self.env.unwrapped
-        corner = (1, u.height // 2 - 1)  # MemoryEnv's cue
-        self.cue = (KEY if u.grid.get(*corner).type == "key" else BALL) if u.agent_sees(*corner) else None
+        cell = cue_cell(u)
+        self.cue = (KEY if u.grid.get(*cell).type == "key" else BALL) if u.agent_sees(*cell) else None
         return self._mark(obs), info
 
     def step(self, action: Any) -> Any:
@@ -189,7 +194,7 @@ def cue_statistics(agent: Any, episodes: int, seed: int, *, greedy: bool) -> dic
     reward, reset = np.zeros(1, np.float32), np.ones(1, bool)
     seen_first, seen, steps = None, False, 0
     while len(rows) < episodes:
-        sighted = bool(inner.agent_sees(1, inner.height // 2 - 1))  # MemoryEnv's cue: the start room's top-left corner
+        sighted = bool(inner.agent_sees(*cue_cell(inner)))
         seen_first = sighted if seen_first is None else seen_first
         seen = seen or sighted
         obs, reward, terminated, truncated, _ = env.step(agent.act(obs, reward, reset, greedy))
