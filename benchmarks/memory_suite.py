@@ -43,9 +43,11 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
 - **Held-out envs** (``--envs AutoencodeEasy MultiarmedBanditEasy BattleshipEasy MineSweeperEasy HigherLowerEasy``,
   not run by default): POPGym memory envs on which no setting of any arm was chosen, for the POPGym configs
   (``lru_mixed_passes``, ``lru_mixed_norm_ent3``, ``lru_mixed_norm_pg``, then ``lru_mingru_pg``) against RecurrentPPO.
-- **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3 ppo_lstm_zoo``, not run by default):
-  ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), and with rl-zoo's whole tuned
-  CartPoleNoVel recipe on every env, for a tuning budget nearer R2AC's (``SB3_TUNING``).
+- **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3 ppo_lstm_zoo ...``, not run by
+  default): ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), rl-zoo's whole tuned
+  CartPoleNoVel recipe on every env, and session 17's sweep of one change at a time around the defaults and the
+  recipe (``ppo_lstm_n32``, ``ppo_lstm_n32_lr1e3``, ``ppo_lstm_zoo_raw``, ``ppo_lstm_zoo_lam95``,
+  ``ppo_lstm_zoo_e10``, ``ppo_lstm_zoo_ent3``), for a tuning budget nearer R2AC's (``SB3_TUNING``).
 - **RecurrentPPO arm** (``ppo_lstm``): ``python benchmarks/memory_suite.py sb3 --env <name> --seed <k> --out ...``.
   Its envs are onlinerec's (``onlinerec.rl.envs.make_vector_env`` with the same env id and kwargs, behind a thin
   sb3 ``VecEnv`` adapter; SAME_STEP autoreset is sb3's own convention), seeded with the same
@@ -170,8 +172,17 @@ ENVS: dict[str, EnvSpec] = {
     "BattleshipEasy": _popgym("BattleshipEasy", -0.456),
     "MineSweeperEasy": _popgym("MineSweeperEasy", -0.229),
     "HigherLowerEasy": _popgym("HigherLowerEasy", 0.006),
+    # a second held-out batch, named in session 17 before any run on them: POPGym's partially observed control
+    # (pendulum with continuous actions) and its card-matching game
+    "PositionOnlyCartPoleEasy": _popgym("PositionOnlyCartPoleEasy", 0.112),
+    "NoisyPositionOnlyCartPoleEasy": _popgym("NoisyPositionOnlyCartPoleEasy", 0.111),
+    "PositionOnlyPendulumEasy": _popgym("PositionOnlyPendulumEasy", 0.253),
+    "ConcentrationEasy": _popgym("ConcentrationEasy", -0.198),
 }  # fmt: skip
-HELD_OUT = ["AutoencodeEasy", "MultiarmedBanditEasy", "BattleshipEasy", "MineSweeperEasy", "HigherLowerEasy"]
+HELD_OUT = [
+    "AutoencodeEasy", "MultiarmedBanditEasy", "BattleshipEasy", "MineSweeperEasy", "HigherLowerEasy",
+    "PositionOnlyCartPoleEasy", "NoisyPositionOnlyCartPoleEasy", "PositionOnlyPendulumEasy", "ConcentrationEasy",
+]  # fmt: skip
 """Envs no setting was chosen on; not part of the default suite (``--envs`` names them)."""
 
 _PASSES: dict[str, Any] = {
@@ -363,6 +374,14 @@ SB3_TUNING: dict[str, dict[str, Any]] = {
     # rl-zoo's whole tuned CartPoleNoVel recipe (the only tuned RecurrentPPO for a vector-observation discrete env)
     # on every env, its VecNormalize included; the LSTM width stays matched; set before any run; session 15
     "ppo_lstm_zoo": _SB3_ZOO,
+    # session 17's sweep: one change at a time around RecurrentPPO's two best settings so far (its defaults on
+    # CountRecallEasy, rl-zoo's recipe on the Repeat tasks), all set before any run of them
+    "ppo_lstm_n32": {"n_steps": 32},  # defaults, 4x shorter rollouts: 4x as many updates per frame
+    "ppo_lstm_n32_lr1e3": {"n_steps": 32, "learning_rate": 1.0e-3},  # and rl-zoo's learning rate
+    "ppo_lstm_zoo_raw": {**_SB3_ZOO, "normalize": False},  # the recipe without VecNormalize
+    "ppo_lstm_zoo_lam95": {**_SB3_ZOO, "gamma": 0.99, "gae_lambda": 0.95},  # the recipe with longer credit
+    "ppo_lstm_zoo_e10": {**_SB3_ZOO, "n_epochs": 10},  # the recipe with half its passes per rollout
+    "ppo_lstm_zoo_ent3": {**_SB3_ZOO, "ent_coef": 3.0e-3},  # the recipe with popgym.yaml's entropy cost
 }
 """RecurrentPPO with one setting changed from the env's ``sb3`` values: its tuning runs (issue 13 asks for the same
 budget of tuning runs as R2AC's), set before any run; run only when named (``--methods``)."""
@@ -582,15 +601,13 @@ def sb3_settings(name: str, method: str = "ppo_lstm") -> dict[str, Any]:
     return {**ENVS[name].sb3, **SB3_ARMS[method]}
 
 
-def run_sb3(name: str, seed: int, out_json: Path, steps: int, method: str = "ppo_lstm") -> dict[str, Any]:
-    """Train RecurrentPPO (``method``: ``ppo_lstm`` or a ``SB3_TUNING`` variant) for ``steps`` agent steps, evaluate
-    it deterministically, return the job's record."""
-    import torch
+def make_sb3_model(name: str, seed: int, method: str = "ppo_lstm") -> tuple[Any, Any, Any]:
+    """RecurrentPPO with arm ``method``'s settings on env ``name``'s training streams: ``(model, env, raw)``, where
+    ``env`` is what the model trains on (``raw`` behind rl-zoo's ``VecNormalize`` where the arm has it)."""
     from sb3_contrib import RecurrentPPO
 
     from onlinerec.rl.envs import run_env_seed
 
-    torch.set_num_threads(1)
     spec = ENVS[name]
     settings = sb3_settings(name, method)
     hp = {k: _schedule(v) for k, v in settings.items() if k not in ("n_envs", "normalize")}
@@ -600,7 +617,18 @@ def run_sb3(name: str, seed: int, out_json: Path, steps: int, method: str = "ppo
         from stable_baselines3.common.vec_env import VecNormalize
 
         env = VecNormalize(raw, gamma=hp.get("gamma", 0.99))
-    model = RecurrentPPO("MlpLstmPolicy", env, seed=seed, verbose=0, device="cpu", **hp)
+    return RecurrentPPO("MlpLstmPolicy", env, seed=seed, verbose=0, device="cpu", **hp), env, raw
+
+
+def run_sb3(name: str, seed: int, out_json: Path, steps: int, method: str = "ppo_lstm") -> dict[str, Any]:
+    """Train RecurrentPPO (``method``: ``ppo_lstm`` or a ``SB3_TUNING`` variant) for ``steps`` agent steps, evaluate
+    it deterministically, return the job's record."""
+    import torch
+
+    torch.set_num_threads(1)
+    spec = ENVS[name]
+    settings = sb3_settings(name, method)
+    model, env, raw = make_sb3_model(name, seed, method)
     start = time.perf_counter()
     model.learn(total_timesteps=steps)
     train_seconds = time.perf_counter() - start

@@ -111,6 +111,23 @@ def test_a_recurrentppo_tuning_run_trains_with_its_change(tmp_path):
     assert record["config"]["ent_coef"] == 0.01 and "--variant ppo_lstm_ent01" in record["command"]
 
 
+@pytest.mark.parametrize("method", sorted(suite.SB3_ARMS))
+def test_every_recurrentppo_arm_builds_with_the_settings_it_names(method):
+    pytest.importorskip("sb3_contrib")
+    settings = suite.sb3_settings("CountRecallEasy", method)
+    model, env, raw = suite.make_sb3_model("CountRecallEasy", 0, method)  # an unknown keyword raises here
+    try:
+        assert raw.num_envs == settings["n_envs"] and (env is not raw) == bool(settings.get("normalize"))
+        for key in ("n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "ent_coef"):
+            if key in settings:
+                assert getattr(model, key) == settings[key], key
+        start_lr = settings.get("learning_rate", 3e-4)
+        start_lr = float(start_lr[4:]) if isinstance(start_lr, str) else start_lr
+        assert model.lr_schedule(1.0) == pytest.approx(start_lr)
+    finally:
+        env.close()
+
+
 @pytest.mark.parametrize("config", sorted(suite.SHIPPED_CONFIGS))
 def test_a_shipped_config_is_the_suites_arm(tmp_path, config):
     import yaml
