@@ -41,8 +41,10 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   changes alone on top of the paper's R2AC-RTRL (return normalisation; advantage normalisation; mean losses with
   Adam; 4 clipped-ratio passes).
 - **Held-out envs** (``--envs AutoencodeEasy MultiarmedBanditEasy BattleshipEasy MineSweeperEasy HigherLowerEasy``,
-  not run by default): POPGym memory envs on which no setting of any arm was chosen, for the POPGym configs
-  (``lru_mixed_passes``, ``lru_mixed_norm_ent3``, ``lru_mixed_norm_pg``, then ``lru_mingru_pg``) against RecurrentPPO.
+  and a second batch named in session 17, ``PositionOnlyCartPoleEasy NoisyPositionOnlyCartPoleEasy
+  PositionOnlyPendulumEasy ConcentrationEasy``; not run by default): POPGym envs on which no setting of any arm was
+  chosen, for the POPGym configs (``lru_mixed_passes``, ``lru_mixed_norm_ent3``, ``lru_mixed_norm_pg``, then
+  ``lru_mingru_pg``) against RecurrentPPO.
 - **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3 ppo_lstm_zoo ...``, not run by
   default): ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), rl-zoo's whole tuned
   CartPoleNoVel recipe on every env, and session 17's sweep of one change at a time around the defaults and the
@@ -858,6 +860,8 @@ def figure(records: list[dict[str, Any]], envs: list[str], methods: list[str], p
     cols = min(3, len(envs))
     rows = math.ceil(len(envs) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+    palette = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")
+    colours = {m: palette(i % palette.N) for i, m in enumerate(methods)}  # an arm keeps its colour in every panel
     for ax, env in zip(axes.flat, envs):
         for method in methods:
             rs = [r for r in records if r["env"] == env and r["method"] == method]
@@ -869,9 +873,9 @@ def figure(records: list[dict[str, Any]], envs: list[str], methods: list[str], p
             with warnings.catch_warnings():  # points before any run's first episode are NaN on purpose: left blank
                 warnings.simplefilter("ignore", RuntimeWarning)
                 mean, low, high = np.nanmean(ys, 0), np.nanmin(ys, 0), np.nanmax(ys, 0)
-            line = ax.plot(grid, mean, label=f"{method} ({len(rs)})", **style)[0]
+            ax.plot(grid, mean, label=f"{method} ({len(rs)})", color=colours[method], **style)
             if len(rs) > 1:
-                ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.15)
+                ax.fill_between(grid, low, high, color=colours[method], alpha=0.15)
         if ENVS[env].random_return is not None:
             ax.axhline(ENVS[env].random_return, color="gray", linestyle=":", linewidth=1)
         ax.set_title(env)

@@ -164,3 +164,20 @@ def test_the_report_gives_cpu_minutes_where_runs_recorded_them(tmp_path):
         path.write_text(json.dumps(record))
     table = suite.report(tmp_path).read_text()
     assert "| CPU min / run |" in table and "| 1.0 | 2.0 (1 of 2) |" in table
+
+
+def test_an_arm_has_one_colour_in_every_panel_of_the_figure(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    curve = [0.1] * suite.POINTS
+    records = [
+        {"env": env, "method": method, "seed": 0, "grid": list(range(suite.POINTS)), "curve": curve}
+        for env, methods in (("CountRecallEasy", ["ppo_lstm"]), ("RepeatFirstEasy", ["rtrl", "ppo_lstm"]))
+        for method in methods
+    ]
+    seen = {}
+    monkeypatch.setattr(plt, "close", lambda fig: seen.setdefault("fig", fig))  # keep the figure to read it
+    suite.figure(records, ["CountRecallEasy", "RepeatFirstEasy"], ["rtrl", "ppo_lstm"], tmp_path / "f.png")
+    colours = [{line.get_label(): line.get_color() for line in ax.get_lines()} for ax in seen["fig"].axes[:2]]
+    assert colours[0]["ppo_lstm (1)"] == colours[1]["ppo_lstm (1)"]  # the first panel has no rtrl line
+    assert colours[1]["rtrl (1)"] != colours[1]["ppo_lstm (1)"]
