@@ -760,15 +760,25 @@ def run_suite(args: argparse.Namespace) -> None:
     methods = list(args.methods)
     if args.extra_cell:
         methods += [f"rtrl-{args.extra_cell}", f"tbptt-{args.extra_cell}"]
-    jobs = []
+    jobs, other_budget = [], []
     for seed in args.seeds:  # seed-major: a partial suite has every (env, method) at least once
         for name in args.envs:
             for method in methods:
                 budget = max(1, int(ENVS[name].steps * args.budget_scale))
-                if job_path(out, name, method, seed).exists():
+                path = job_path(out, name, method, seed)
+                if path.exists():  # done, unless at another budget: that would pass its result off as this one
+                    if json.loads(path.read_text()).get("budget") != budget:
+                        other_budget.append(f"{name} {method} seed {seed}")
                     continue
                 cell = args.extra_cell if "-" in method else None
                 jobs.append((name, method, seed, budget, cell))
+    if other_budget:
+        raise SystemExit(
+            f"error: {out} already holds {len(other_budget)} of these runs at another budget "
+            f"({'; '.join(other_budget[:3])}{'; ...' if len(other_budget) > 3 else ''}): a run at --budget-scale "
+            f"{args.budget_scale:g} would skip them and report theirs. Give this budget its own --out (as --preview "
+            "does)."
+        )
     total = len(jobs)
     print(f"memory suite: {total} job(s) to run in {out}, {args.jobs} at a time", flush=True)
     lock, done, started = threading.Lock(), [0], time.perf_counter()
@@ -915,6 +925,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         if args.preview:
             args.budget_scale, args.out = 0.25, str(Path(args.out) / "preview")
+        if not args.budget_scale > 0:
+            parser.error(
+                f"--budget-scale must be above 0 (a fraction or multiple of each env's budget), got {args.budget_scale:g}"
+            )
         run_suite(args)
     elif args.command == "report":
         report(Path(args.out))

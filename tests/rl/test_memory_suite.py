@@ -181,3 +181,17 @@ def test_an_arm_has_one_colour_in_every_panel_of_the_figure(tmp_path, monkeypatc
     colours = [{line.get_label(): line.get_color() for line in ax.get_lines()} for ax in seen["fig"].axes[:2]]
     assert colours[0]["ppo_lstm (1)"] == colours[1]["ppo_lstm (1)"]  # the first panel has no rtrl line
     assert colours[1]["rtrl (1)"] != colours[1]["ppo_lstm (1)"]
+
+
+def test_a_run_at_another_budget_does_not_pass_off_the_folders_runs_as_its_own(tmp_path, capsys):
+    import json
+
+    path = suite.job_path(tmp_path, "CountRecallEasy", "lru_mingru_pg", 0)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"budget": suite.ENVS["CountRecallEasy"].steps}))  # a finished run at 1x
+    args = ["run", "--out", str(tmp_path), "--envs", "CountRecallEasy", "--methods", "lru_mingru_pg", "--seeds", "0"]
+    with pytest.raises(SystemExit, match="another budget.*its own --out"):
+        suite.main([*args, "--budget-scale", "2"])
+    with pytest.raises(SystemExit):  # a budget of nothing is refused before any run
+        suite.main([*args, "--budget-scale", "0"])
+    assert "--budget-scale must be above 0" in capsys.readouterr().err
