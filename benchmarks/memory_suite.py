@@ -363,6 +363,15 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
         "method": "rtrl", **_LRU_MINGRU, "r2ac": {**_LRU_MINGRU["r2ac"], "reward_norm": False, "epochs": 2},
         "config": {**_LRU_MINGRU["config"], "M": 16},
     },
+    # longer segments with more passes (M 32, 10 passes in 4 minibatches) with the control weights (time-limit
+    # bootstrapping, value-loss weight 0.5): found on PositionOnlyPendulumEasy in session 17, then run unchanged
+    # with `onlinerec rl` on the suite's POPGym envs (docs/results.md); this arm runs it on the rest
+    "lru_mingru_long": {
+        "method": "rtrl", **_LRU_MINGRU,
+        "r2ac": {**_LRU_MINGRU["r2ac"], "epochs": 10, "minibatches": 4, "bootstrap_truncation": True,
+                 "baseline_cost": 0.5},
+        "config": {**_LRU_MINGRU["config"], "M": 32},
+    },
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},
@@ -402,7 +411,7 @@ CANDIDATES = [
     "lru_mixed_norm_ent3", "lru_mixed_norm_pg", "lru_mingru_pg", "lru_mingru_tbptt_pg", "lru_mingru_ent3",
     "lru_mingru_ent3_boot", "lru_mingru_bc5", "lru_mingru_pg_raw", "lru_mingru_bc5_raw",
     "lru_mingru_raw_ent2", "lru_mingru_grid_raw", "lru_mingru_pg_raw_m16", "lru_mingru_pg_boot",
-    "lru_mingru_vdetach", "lru_mingru_pg_raw_m16_e2",
+    "lru_mingru_vdetach", "lru_mingru_pg_raw_m16_e2", "lru_mingru_long",
 ]  # fmt: skip
 """Candidates for one setting on every env, run only when named (``--methods``)."""
 SHIPPED_POPGYM_ARM = "lru_mingru_pg"

@@ -195,3 +195,16 @@ def test_a_run_at_another_budget_does_not_pass_off_the_folders_runs_as_its_own(t
     with pytest.raises(SystemExit):  # a budget of nothing is refused before any run
         suite.main([*args, "--budget-scale", "0"])
     assert "--budget-scale must be above 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method", sorted(suite.R2AC_METHODS))
+def test_every_r2ac_arm_is_a_valid_onlinerec_rl_config(method, tmp_path):
+    import yaml
+
+    from onlinerec.rl.runner import parse_experiment
+
+    cfg = suite.r2ac_config("CountRecallEasy", method, 0, tmp_path, 1000)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    parsed = parse_experiment(["--config", str(path)])  # an unknown option or a bad value raises here
+    assert parsed.M == cfg["M"] and all(getattr(parsed.r2ac, k) == v for k, v in cfg["r2ac"].items())
