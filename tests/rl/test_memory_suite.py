@@ -29,17 +29,22 @@ def test_scores_final_mmer_auc():
     assert steps == [10.0, 20.0, 30.0] and values == [1.0, 0.5, 0.0]
 
 
-@pytest.mark.parametrize("name", list(suite.ENVS))
-@pytest.mark.parametrize("method", ["rtrl", "tbptt", "ff", "rtrl-qrnn"])
-def test_r2ac_configs_parse_as_onlinerec_rl_configs(name, method, tmp_path):
+def parse_as_onlinerec_rl(cfg, tmp_path):
+    """An arm's config as ``onlinerec rl --config`` reads it (an unknown option or a bad value raises)."""
     import yaml
 
     from onlinerec.rl.runner import parse_experiment
 
-    cfg = suite.r2ac_config(name, method, 1, tmp_path, 1000, cell="qrnn" if "-" in method else None)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    parsed = parse_experiment(["--config", str(path)])
+    return parse_experiment(["--config", str(path)])
+
+
+@pytest.mark.parametrize("name", list(suite.ENVS))
+@pytest.mark.parametrize("method", ["rtrl", "tbptt", "ff", "rtrl-qrnn"])
+def test_r2ac_configs_parse_as_onlinerec_rl_configs(name, method, tmp_path):
+    cfg = suite.r2ac_config(name, method, 1, tmp_path, 1000, cell="qrnn" if "-" in method else None)
+    parsed = parse_as_onlinerec_rl(cfg, tmp_path)
     assert parsed.env == suite.ENVS[name].env and parsed.seed == 1 and parsed.total_frames == 1000
     assert parsed.cell == {"rtrl": "elstm", "tbptt": "elstm", "ff": None, "rtrl-qrnn": "qrnn"}[method]
     assert parsed.method == ("rtrl" if method.startswith("rtrl") else "tbptt")
@@ -121,8 +126,8 @@ def test_every_recurrentppo_arm_builds_with_the_settings_it_names(method):
         for key in ("n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "ent_coef"):
             if key in settings:
                 assert getattr(model, key) == settings[key], key
-        start_lr = settings.get("learning_rate", 3e-4)
-        start_lr = float(start_lr[4:]) if isinstance(start_lr, str) else start_lr
+        start_lr = suite._schedule(settings.get("learning_rate", 3e-4))  # "lin_x": a schedule that starts at x
+        start_lr = start_lr(1.0) if callable(start_lr) else start_lr
         assert model.lr_schedule(1.0) == pytest.approx(start_lr)
     finally:
         env.close()
@@ -199,12 +204,6 @@ def test_a_run_at_another_budget_does_not_pass_off_the_folders_runs_as_its_own(t
 
 @pytest.mark.parametrize("method", sorted(suite.R2AC_METHODS))
 def test_every_r2ac_arm_is_a_valid_onlinerec_rl_config(method, tmp_path):
-    import yaml
-
-    from onlinerec.rl.runner import parse_experiment
-
     cfg = suite.r2ac_config("CountRecallEasy", method, 0, tmp_path, 1000)
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    parsed = parse_experiment(["--config", str(path)])  # an unknown option or a bad value raises here
+    parsed = parse_as_onlinerec_rl(cfg, tmp_path)  # an unknown option or a bad value raises here
     assert parsed.M == cfg["M"] and all(getattr(parsed.r2ac, k) == v for k, v in cfg["r2ac"].items())

@@ -76,10 +76,6 @@ def test_the_script_reads_a_trained_run_and_refuses_other_folders(tmp_path, caps
     assert "neither an onlinerec rl run folder" in err and out == ""
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__]))
-
-
 def test_cue_in_view_writes_a_first_step_cue_into_every_later_view_of_its_episode():
     from onlinerec.rl.envs import make_vector_env
 
@@ -91,7 +87,8 @@ def test_cue_in_view_writes_a_first_step_cue_into_every_later_view_of_its_episod
     for _ in range(600):
         seen = env.env.envs[0].get_wrapper_attr("cue")
         if reset[0]:  # an episode's first step: marked exactly when the cue is in view
-            assert (seen is not None) == plain.env.envs[0].unwrapped.agent_sees(1, 2)
+            inner = plain.env.envs[0].unwrapped
+            assert (seen is not None) == inner.agent_sees(*cue.cue_cell(inner))
         if seen is None:
             assert (obs == reference).all()  # the env's own view
             unmarked += 1
@@ -105,3 +102,7 @@ def test_cue_in_view_writes_a_first_step_cue_into_every_later_view_of_its_episod
         reference, *_ = plain.step(action)
         reset = terminated | truncated
     assert marked > 50 and unmarked > 50
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))
