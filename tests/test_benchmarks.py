@@ -149,6 +149,16 @@ def test_rtrl_vs_tbptt_quick():
     assert "nan" not in last
 
 
+def test_passes_logging_quick():
+    """Both settings, both ways of logging: one timing line each, then the ratios line."""
+    pytest.importorskip("popgym")
+    proc = run_quick("passes_logging.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert sum(" CPU s / 1k steps" in line for line in lines) == 4, proc.stdout
+    assert re.fullmatch(f"ratios every/last popgym.yaml={NUMBER} long={NUMBER}", lines[-1]), lines[-1]
+
+
 def test_fused_update_quick():
     """The fused-kernel prototype: its ratios line where numba is installed, else a clear message (exit 2)."""
     proc = run_quick("fused_update.py", "--threads", "1")

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 if __name__ == "__main__":  # run as a script by the DDP test below: make `tests` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from onlinerec import RTRLStrategy
+from onlinerec import OnlineRecurrentModule, RTRLStrategy
 from onlinerec.gradients import RTRL
 from onlinerec.gradients.carry import Carry, StackCarry
 from onlinerec.rl import R2AC, R2ACConfig, RolloutDataModule, RolloutSegment, RolloutStream, vtrace
@@ -314,6 +314,36 @@ def test_the_carry_moves_forward_once_and_stays_the_actors_state():
     assert checked == list(range(5)) and dm.frames == 5 * M * B
     assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
     assert math.isclose(trainer.optimizers[0].param_groups[0]["lr"], 0.0, abs_tol=1e-12)  # decayed over 20 steps
+
+
+class LogsEveryPass(R2AC):
+    """R2AC as it logged before session 18: every optimiser step of several passes calls ``self.log``."""
+
+    def log_step(self, result, stream, num_streams):
+        OnlineRecurrentModule.log_step(self, result, stream, num_streams)
+
+
+def test_several_passes_log_once_per_segment_and_log_what_logging_every_pass_showed():
+    """Lightning keeps a training step's last logged value, so logging only the last of 2 x 2 optimiser steps shows
+    the same metrics as logging all four, for a quarter of the ``self.log`` calls; the weights are unchanged."""
+    segments = record(3)
+    calls: dict[type, list[str]] = {R2AC: [], LogsEveryPass: []}
+    runs = {}
+    for cls in (R2AC, LogsEveryPass):
+
+        class Counting(cls):
+            def log(self, name, *args, **kwargs):
+                calls[cls].append(name)
+                super().log(name, *args, **kwargs)
+
+        model = tiny(R2ACConfig(epochs=2, minibatches=2, lr=1e-2, ppo_clip=0.2), cls=Counting)
+        runs[cls] = (model, fit(model, segments).callback_metrics)
+    (quiet, shown), (loud, expected) = runs[R2AC], runs[LogsEveryPass]
+    assert calls[R2AC].count("train/loss") == 3 and calls[LogsEveryPass].count("train/loss") == 3 * 4
+    assert set(shown) == set(expected) and "train/loss" in shown
+    for name in set(expected) - {"fps"}:  # fps is a clock's reading
+        torch.testing.assert_close(shown[name], expected[name], rtol=0, atol=0, msg=name)
+    assert_same(quiet, loud)
 
 
 @pytest.mark.parametrize(
