@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.reps = 512, 1
+    import lightning  # noqa: F401  (importing it sets its logger's level; quieten it after)
+
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # no per-run banners between the timings
     if args.steps <= 0 or args.reps <= 0:
         ap.error("--steps and --reps must be positive")
