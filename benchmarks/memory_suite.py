@@ -427,6 +427,7 @@ SHIPPED_POPGYM_ARM = "lru_mingru_pg"
 SHIPPED_CONFIGS: dict[str, tuple[str, str, float]] = {
     "popgym.yaml": ("RepeatPreviousEasy", SHIPPED_POPGYM_ARM, 1.0),
     "cartpole_novel.yaml": ("CartPoleNoVel", "lru_mingru_ent3_boot", 3.0),
+    "long_segments.yaml": ("PositionOnlyPendulumEasy", "lru_mingru_long", 1.0),
 }
 """Each config in ``examples/configs/`` that packages an arm: its env, the arm and the budget scale it ran at."""
 NAMED_ONLY = ENV_SPECIFIC + CANDIDATES + ABLATION + list(SB3_TUNING)

@@ -169,6 +169,23 @@ def test_the_cartpole_config_trains_its_stack_with_truncations_bootstrapped(tmp_
     assert result["eval"]["lengths"] == [8, 8] and result["train_return"] <= 8  # every episode cut at 8 steps
 
 
+def test_the_long_segments_config_trains_its_minibatched_passes_on_the_pendulum(tmp_path):
+    """long_segments.yaml as shipped, tiny (4 streams, so each of its 4 minibatches holds one): continuous actions,
+    10 passes over each segment in 4 minibatches, time-limit bootstrapping, end to end."""
+    pytest.importorskip("popgym")
+    from onlinerec.rl.runner import parse_experiment, run_experiment
+
+    out = tmp_path / "long"
+    cfg = parse_experiment(
+        ["--config", str(EXAMPLES / "configs" / "long_segments.yaml"), "--num_envs", "4", "--M", "8",
+         "--total_frames", "64", "--eval_episodes", "1", "--eval_envs", "1", "--out_dir", str(out), "--progress",
+         "false", "--log_every", "1"]
+    )  # fmt: skip
+    assert cfg.r2ac.passes == 40 and cfg.r2ac.bootstrap_truncation and cfg.env == "popgym:PositionOnlyPendulumEasy"
+    run_experiment(cfg)
+    check_outputs(out, 64)
+
+
 def test_learning_curve_plot(tmp_path):
     from onlinerec.rl.runner import load_curve, plot_learning_curves
 
