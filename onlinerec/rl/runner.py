@@ -169,6 +169,13 @@ class ExperimentConfig:
                 raise ValueError(
                     f"--cell {self.cell} already names the layers, one cell each: leave --layers out (got {self.layers})."
                 )
+        if self.num_envs > 0 and self.num_envs % self.r2ac.minibatches:  # else it fails only once training starts
+            divisors = [d for d in range(1, self.num_envs + 1) if self.num_envs % d == 0]
+            raise ValueError(
+                f"r2ac.minibatches = {self.r2ac.minibatches} does not divide num_envs = {self.num_envs} (each minibatch "
+                f"takes an equal share of the streams): choose --r2ac.minibatches among {divisors}, or --num_envs a "
+                f"multiple of {self.r2ac.minibatches}."
+            )
         if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.head_sizes):
             raise ValueError(
                 f"head_sizes must be a list of positive layer widths (e.g. --head_sizes '[64, 64]'; [] for the "

@@ -68,6 +68,16 @@ def test_head_sizes_reach_the_agent_and_mistakes_are_named(tmp_path, capsys):
     assert "head_sizes must be a list of positive layer widths" in capsys.readouterr().err
 
 
+def test_minibatches_that_do_not_divide_the_streams_are_refused_before_any_run(tmp_path, capsys):
+    """Before, the mistake surfaced as a traceback from the first update, after the run folder was written."""
+    with pytest.raises(SystemExit):
+        parse_experiment([*TINY, "--num_envs", "6", "--r2ac.minibatches", "4", "--out_dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert "r2ac.minibatches = 4 does not divide num_envs = 6" in err and "among [1, 2, 3, 6]" in err
+    assert not (tmp_path / "run").exists()
+    assert parse_experiment([*TINY, "--num_envs", "6", "--r2ac.minibatches", "3"]).r2ac.minibatches == 3
+
+
 def test_core_norm_reaches_the_agent(tmp_path):
     assert isinstance(build(parse_experiment(TINY))[0].core_norm, torch.nn.Identity)  # the paper's heads by default
     model, *_ = build(parse_experiment([*TINY, "--core_norm", "true", "--out_dir", str(tmp_path)]))
