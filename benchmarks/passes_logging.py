@@ -7,7 +7,7 @@ before (``R2AC.log_step`` swapped for the base class's), for each setting below,
 seconds per 1,000 agent steps and the ratio ``every/last``:
 
 - ``popgym.yaml``: 4 passes per segment of M = 4 steps;
-- ``long``: ``popgym.yaml`` with M 32 and 10 passes in 4 minibatches (the memory suite's ``lru_mingru_long``).
+- ``long``: ``long_segments.yaml``, ``popgym.yaml``'s core with M 32 and 10 passes in 4 minibatches.
 
 Usage::
 
@@ -26,15 +26,11 @@ import statistics
 import time
 from pathlib import Path
 
-CONFIG = Path(__file__).resolve().parents[1] / "examples" / "configs" / "popgym.yaml"
-SETTINGS = {
-    "popgym.yaml": [],
-    "long": ["--M", "32", "--r2ac.epochs", "10", "--r2ac.minibatches", "4", "--r2ac.bootstrap_truncation", "true",
-             "--r2ac.baseline_cost", "0.5"],
-}  # fmt: skip
+CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
+SETTINGS = {"popgym.yaml": CONFIGS / "popgym.yaml", "long": CONFIGS / "long_segments.yaml"}
 
 
-def cpu_seconds_per_1k_steps(env: str, setting: list[str], steps: int, log_every_pass: bool) -> float:
+def cpu_seconds_per_1k_steps(env: str, config: Path, steps: int, log_every_pass: bool) -> float:
     """Train for ``steps`` agent steps (seed 0, no logger, no checkpoints) and return process CPU s / 1,000 steps."""
     import lightning as L
     import torch
@@ -43,7 +39,7 @@ def cpu_seconds_per_1k_steps(env: str, setting: list[str], steps: int, log_every
     from onlinerec.rl.runner import build, parse_experiment
     from onlinerec.training.module import OnlineRecurrentModule
 
-    cfg = parse_experiment(["--config", str(CONFIG), "--env", env, "--total_frames", str(steps), *setting])
+    cfg = parse_experiment(["--config", str(config), "--env", env, "--total_frames", str(steps)])
     torch.set_num_threads(cfg.threads or 1)
     L.seed_everything(0, verbose=False)
     model, dm, strategy, updates = build(cfg)
@@ -72,16 +68,16 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.reps = 512, 1
+    if args.steps <= 0 or args.reps <= 0:
+        ap.error("--steps and --reps must be positive")
     import lightning  # noqa: F401  (importing it sets its logger's level; quieten it after)
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # no per-run banners between the timings
-    if args.steps <= 0 or args.reps <= 0:
-        ap.error("--steps and --reps must be positive")
     times: dict[tuple[str, bool], list[float]] = {}
     for rep in range(args.reps):
-        for name, setting in SETTINGS.items():
+        for name, config in SETTINGS.items():
             for every in (rep % 2 == 0, rep % 2 == 1):  # alternate which arm runs first
-                t = cpu_seconds_per_1k_steps(args.env, setting, args.steps, every)
+                t = cpu_seconds_per_1k_steps(args.env, config, args.steps, every)
                 times.setdefault((name, every), []).append(t)
                 print(f"rep {rep} {name:12s} {'every pass' if every else 'last pass'}: {t:.3f} CPU s / 1k steps")
     print(f"\n{args.env}, {args.steps:,} agent steps per run, median of {args.reps} (process CPU time):")
