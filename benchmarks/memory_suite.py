@@ -380,6 +380,16 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
                  "baseline_cost": 0.5},
         "config": {**_LRU_MINGRU["config"], "M": 32},
     },
+    # lru_mingru_pg with a critic of its own (separate_critic: a second stem and lru/mingru core for the value head,
+    # RecurrentPPO's default layout), so the value loss at its usual weight (0.5) no longer shapes the policy's core:
+    # popgym.yaml keeps that weight at 0.1 for the policy's sake, and control wants a good critic (lru_mingru_long:
+    # 0.5). With time-limit bootstrapping (POPGym's episodes end terminated, so there it changes nothing). Set before
+    # any run of it, and run on every held-out env with a rule fixed beforehand; session 19
+    "lru_mingru_sep": {
+        "method": "rtrl", **_LRU_MINGRU,
+        "r2ac": {**_LRU_MINGRU["r2ac"], "baseline_cost": 0.5, "bootstrap_truncation": True},
+        "config": {**_LRU_MINGRU["config"], "separate_critic": True},
+    },
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},
@@ -419,7 +429,7 @@ CANDIDATES = [
     "lru_mixed_norm_ent3", "lru_mixed_norm_pg", "lru_mingru_pg", "lru_mingru_tbptt_pg", "lru_mingru_ent3",
     "lru_mingru_ent3_boot", "lru_mingru_bc5", "lru_mingru_pg_raw", "lru_mingru_bc5_raw",
     "lru_mingru_raw_ent2", "lru_mingru_grid_raw", "lru_mingru_pg_raw_m16", "lru_mingru_pg_boot",
-    "lru_mingru_vdetach", "lru_mingru_pg_raw_m16_e2", "lru_mingru_long",
+    "lru_mingru_vdetach", "lru_mingru_pg_raw_m16_e2", "lru_mingru_long", "lru_mingru_sep",
 ]  # fmt: skip
 """Candidates for one setting on every env, run only when named (``--methods``)."""
 SHIPPED_POPGYM_ARM = "lru_mingru_pg"

@@ -1,5 +1,5 @@
 """Recurrent cells: pure single steps. Element-wise ones (exact RTRL is cheap) and fully recurrent ones (SnAP-1, TBPTT),
-and :class:`Stack` for deep models."""
+and :class:`Stack` for deep models, :class:`Parallel` for cores side by side."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from typing import Any
 
 from onlinerec.cells.base import ElementwiseCell, FullyRecurrentCell
 from onlinerec.cells.classic import GRUCell, LSTMCell
+from onlinerec.cells.composite import CompositeCell
 from onlinerec.cells.elstm import ELSTMCell, FELSTMCell
 from onlinerec.cells.indrnn import IndRNNCell
 from onlinerec.cells.lru import LRUCell
 from onlinerec.cells.minimal import MinGRUCell, MinLSTMCell
+from onlinerec.cells.parallel import Parallel
 from onlinerec.cells.qrnn import QRNNCell
 from onlinerec.cells.sru import SRUCell
 from onlinerec.cells.stack import Stack
@@ -248,6 +250,7 @@ def cell_reference(cell: Any) -> str | dict[str, Any] | list[Any] | None:
 
 __all__ = [
     "CELLS",
+    "CompositeCell",
     "ELSTMCell",
     "ElementwiseCell",
     "FELSTMCell",
@@ -258,6 +261,7 @@ __all__ = [
     "LSTMCell",
     "MinGRUCell",
     "MinLSTMCell",
+    "Parallel",
     "QRNNCell",
     "SRUCell",
     "Stack",

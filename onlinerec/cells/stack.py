@@ -8,11 +8,12 @@ from typing import Any
 from torch import Tensor, nn
 
 from onlinerec.cells.base import ElementwiseCell
+from onlinerec.cells.composite import CompositeCell
 
 _NORMS: dict[str, Callable[[int], nn.Module]] = {"layer": nn.LayerNorm, "rms": nn.RMSNorm}
 
 
-class Stack(ElementwiseCell):
+class Stack(CompositeCell):
     """A deep recurrent model: cells stacked so that layer l+1 reads the output (readout) of layer l at the same step.
 
     Per step t and layer l = 1..L, from the stack's input u^1_t = x_t::
@@ -43,13 +44,7 @@ class Stack(ElementwiseCell):
     """
 
     def __init__(self, cells: Sequence[ElementwiseCell], residual: bool = False, norm: str | None = None) -> None:
-        nn.Module.__init__(self)  # a stack has no input projection of its own
-        cells = list(cells)
-        if not cells:
-            raise ValueError("Stack needs at least one cell.")
-        for i, cell in enumerate(cells):
-            if not isinstance(cell, ElementwiseCell):
-                raise TypeError(f"Stack layer {i} must be an onlinerec ElementwiseCell, got {type(cell).__name__}.")
+        cells = self._init_parts(cells, "layer")
         for i, (below, above) in enumerate(zip(cells, cells[1:])):
             if above.input_size != below.output_size:
                 raise ValueError(
@@ -74,29 +69,6 @@ class Stack(ElementwiseCell):
     @property
     def output_size(self) -> int:
         return self.layers[-1].output_size
-
-    @property
-    def state_shape(self) -> tuple[int, ...]:
-        """(output_size,): what a method's unroll returns per stream and step for a stack (its layers' states live in
-        its carry)."""
-        return (self.output_size,)
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.layers)
-
-    def recurrence(self, gates: Tensor, c_prev: Tensor) -> Tensor:
-        raise TypeError(
-            "a Stack has no recurrence of its own: unroll it with a gradient method (method.unroll(stack, inputs, "
-            "reset, carry)), which runs its layers one after the other."
-        )
-
-    def forward(self, u: Tensor, c_prev: Tensor) -> Tensor:
-        return self.recurrence(u, c_prev)
-
-    def readout(self, c: Tensor, x: Tensor) -> Tensor:
-        """The identity: a method's unroll of a stack already returns the stack's output."""
-        return c
 
     def layer_input(self, layer: int, u: Tensor) -> Tensor:
         """What layer ``layer`` reads, from the stack's stream at its level u (..., width): norm(u) or u."""

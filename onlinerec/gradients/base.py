@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from onlinerec.cells.base import ElementwiseCell
-from onlinerec.cells.stack import Stack
+from onlinerec.cells.composite import CompositeCell
 from onlinerec.gradients.carry import Carry, StackCarry
 
 
@@ -35,7 +35,7 @@ class GradientMethod(ABC):
             raise TypeError(
                 f"{type(self).__name__} trains onlinerec cells (ElementwiseCell subclasses), got {type(cell).__name__}."
             )
-        if isinstance(cell, Stack):
+        if isinstance(cell, CompositeCell):
             for layer in cell.layers:
                 self.check_cell(layer)
 
@@ -52,7 +52,7 @@ class GradientMethod(ABC):
         self.check_cell(cell)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
-        if isinstance(cell, Stack):
+        if isinstance(cell, CompositeCell):
             return StackCarry([self.init_carry(layer, batch_size, device=device, dtype=dtype) for layer in cell.layers])
         ref = cell.input_proj.weight
         device = ref.device if device is None else device
@@ -74,7 +74,7 @@ class GradientMethod(ABC):
         """A carry for this method from one made by another (resuming with a new strategy): the state and input
         window are kept, the sensitivities this method needs are kept or, if missing, start at zero. Returns the carry
         and whether any sensitivity restarted from zero (the gradient then truncates once)."""
-        if isinstance(cell, Stack):
+        if isinstance(cell, CompositeCell):
             if not isinstance(carry, StackCarry) or len(carry.layers) != cell.num_layers:
                 raise ValueError(_stack_carry_mismatch(cell, carry))
             adapted = [self.adapt_carry(layer, c) for layer, c in zip(cell.layers, carry.layers)]
@@ -110,12 +110,12 @@ class GradientMethod(ABC):
         second sensitivity-sized tensor is alive. With a donated M > 1 segment, the graph's backward can run once. The
         default leaves ``carry`` intact. ``OnlineRecurrentModule`` donates its own training streams' carries."""
         self.check_cell(cell)
-        if isinstance(cell, Stack):
+        if isinstance(cell, CompositeCell):
             if not isinstance(carry, StackCarry) or len(carry.layers) != cell.num_layers:
                 raise ValueError(_stack_carry_mismatch(cell, carry))
             if isinstance(inputs, Tensor) and inputs.dim() == 3 and inputs.shape[-1] != cell.input_size:
                 raise ValueError(
-                    f"inputs have D = {inputs.shape[-1]} features but the Stack's first layer was built with "
+                    f"inputs have D = {inputs.shape[-1]} features but the {type(cell).__name__} was built with "
                     f"input_size = {cell.input_size}."
                 )
             out, layers = cell.unroll_layers(
@@ -184,7 +184,10 @@ def validate_segment(cell: ElementwiseCell, inputs: Tensor, reset: Tensor, carry
 
 def _stack_carry_mismatch(cell: ElementwiseCell, carry: object) -> str:
     what = f"a carry of {len(carry.layers)} layers" if isinstance(carry, StackCarry) else "a single cell's carry"
-    want = f"a Stack of {cell.num_layers} layers" if isinstance(cell, Stack) else f"a single {type(cell).__name__}"
+    if isinstance(cell, CompositeCell):
+        want = f"a {type(cell).__name__} of {cell.num_layers} parts"
+    else:
+        want = f"a single {type(cell).__name__}"
     return f"got {what} for {want}; make the carry with init_carry for this cell."
 
 

@@ -16,6 +16,8 @@ import torch
 from torch import Tensor
 
 from onlinerec.cells.base import ElementwiseCell, call_checked
+from onlinerec.cells.composite import CompositeCell
+from onlinerec.cells.parallel import Parallel
 from onlinerec.cells.stack import Stack
 from onlinerec.gradients.base import GradientMethod
 from onlinerec.gradients.rtrl import RTRL
@@ -28,9 +30,11 @@ def reference_states(
 ) -> Tensor:
     """Unroll with the cell's own single-step ``forward``, one step at a time; no onlinerec time loop involved.
     For a :class:`~onlinerec.cells.Stack`: its outputs, every layer stepped by its own ``forward``."""
-    if isinstance(cell, Stack):
+    if isinstance(cell, CompositeCell):
         if c0 is not None or window is not None:
-            raise ValueError("reference_states starts a Stack from zero; use reference_run for a given state.")
+            raise ValueError(
+                f"reference_states starts a {type(cell).__name__} from zero; use reference_run for a given state."
+            )
         return reference_run(cell, inputs, reset)[0]
     return reference_run(cell, inputs, reset, None if c0 is None and window is None else (c0, window))[0]
 
@@ -51,6 +55,14 @@ def reference_run(cell: ElementwiseCell, inputs: Tensor, reset: Tensor, state: A
                 u = cell.layer_output(i, u, layer.readout(states, v))
             outputs.append(u[0])
         return torch.stack(outputs), layers
+    if isinstance(cell, Parallel):  # every branch on its own slice (or all of it), side by side
+        branches = list(state) if state is not None else [None] * cell.num_layers
+        outs = []
+        for i, branch in enumerate(cell.layers):
+            x = cell.branch_input(i, inputs)
+            states, branches[i] = reference_run(branch, x, reset, branches[i])
+            outs.append(branch.readout(states, x))
+        return torch.cat(outs, dim=-1), branches
     c, past = (None, None) if state is None else state
     c = torch.zeros(b, *cell.state_shape, dtype=inputs.dtype) if c is None else c
     past = [torch.zeros(b, d, dtype=inputs.dtype) for _ in range(cell.window - 1)] if past is None else past
@@ -144,7 +156,7 @@ def check_contract(cell: ElementwiseCell) -> None:
     """One step of ``cell`` (every layer of a stack) on random inputs, with the errors of
     :func:`~onlinerec.cells.base.call_checked`: a forgotten ``num_gates``, an input changed in place, a new state of
     the wrong shape."""
-    if isinstance(cell, Stack):
+    if isinstance(cell, CompositeCell):
         for layer in cell.layers:
             check_contract(layer)
         return

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from onlinerec.cells.base import ElementwiseCell
-from onlinerec.cells.stack import Stack
+from onlinerec.cells.composite import CompositeCell
 from onlinerec.gradients.base import GradientMethod, project, window_features
 from onlinerec.gradients.carry import Carry, blocks_in_place_
 from onlinerec.gradients.derivatives import substituted
@@ -270,11 +270,11 @@ class SensitivityMethod(GradientMethod):
     # -- the template -----------------------------------------------------------------------------
     def check_cell(self, cell: ElementwiseCell) -> None:
         super().check_cell(cell)  # for a stack: every layer
-        if not isinstance(cell, Stack):
+        if not isinstance(cell, CompositeCell):
             self.unit_parameters(cell)
 
     def sensitivity_names(self, cell: ElementwiseCell) -> tuple[str, ...]:
-        if isinstance(cell, Stack):  # named as in the stack's named_parameters ("layers.0.input_proj.weight")
+        if isinstance(cell, CompositeCell):  # named as in the stack's named_parameters ("layers.0.input_proj.weight")
             return tuple(
                 f"layers.{i}.{k}" for i, layer in enumerate(cell.layers) for k in self.sensitivity_names(layer)
             )

@@ -53,6 +53,8 @@ class _Step(nn.Module):
         self.__dict__["agent"] = agent  # not a submodule: the tracer would probe the LightningModule's properties
         self.stem, self.cell, self.policy = agent.stem, agent.cell, agent.policy  # their parameters, registered
         self.policy_mlp, self.core_norm = agent.policy_mlp, agent.core_norm
+        if agent.critic_stem is not None:  # separate_critic: features() runs both stems (the critic's core too)
+            self.critic_stem = agent.critic_stem
         self.output = output
         self.greedy = greedy
 

@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor, nn
 from typing_extensions import override
 
-from onlinerec.cells import ElementwiseCell, make_cell
+from onlinerec.cells import ElementwiseCell, Parallel, make_cell
 from onlinerec.gradients.carry import Carry, StackCarry
 from onlinerec.rl.evaluation import evaluate
 from onlinerec.rl.monitor import RolloutMonitor
@@ -218,6 +218,12 @@ class R2AC(OnlineRecurrentModule):
         core_norm: a LayerNorm on the core's output before both heads (False: the paper's). For linear-recurrent cells
             such as the LRU, whose output is unbounded: on MiniGrid-MemoryS7 it grew to rms 23 and the policy went
             deterministic (docs/r2ac.md#tuning-r2ac).
+        separate_critic: the value head reads a core of its own, with its own stem: a second stem and core built like
+            the first, side by side in a :class:`~onlinerec.cells.Parallel` cell (RecurrentPPO's default, an LSTM
+            each). The policy and value losses then share no parameter, so ``baseline_cost`` weighs the critic's
+            learning alone and the value loss no longer shapes the policy's features. Both cores are trained by the
+            same gradient method (RTRL: exact for each); twice the parameters and about twice the core's compute.
+            ``core_norm`` normalises each core's output on its own. False: the paper's shared core.
     """
 
     loss_reduction = "sum"
@@ -238,6 +244,7 @@ class R2AC(OnlineRecurrentModule):
         observation_space: Any = None,
         head_sizes: Sequence[int] = (),
         core_norm: bool = False,
+        separate_critic: bool = False,
     ) -> None:
         action_spec = _action_spec(num_actions, action_space)
         head_sizes = [int(w) for w in head_sizes]
@@ -245,16 +252,30 @@ class R2AC(OnlineRecurrentModule):
             raise ValueError(f"head_sizes must be positive widths, got {head_sizes}.")
         obs_spec, obs_shape = _observation_spec(obs_shape, observation_space)
         core_in = fc_size + 1
+        if separate_critic and isinstance(cell, ElementwiseCell):
+            raise ValueError(
+                "separate_critic=True builds the critic's core like the actor's from the cell's name; pass cell as a "
+                f"name or a list of names (e.g. 'elstm' or ['lru', 'mingru']), not a built {type(cell).__name__}."
+            )
         if isinstance(cell, (str, list, tuple)):  # a name, or a list of names (a stack of different cells)
             cell_obj: ElementwiseCell | None = make_cell(cell, core_in, hidden_size, **(cell_kwargs or {}))
         else:
             cell_obj = cell
+        actor_core = cell_obj  # the policy's core (the whole core without separate_critic)
         if cell_obj is not None and cell_obj.input_size != core_in:
             raise ValueError(
                 f"the cell's input_size is {cell_obj.input_size} but R2AC feeds it fc_size + 1 = {core_in} features."
             )
         if isinstance(config, dict):
             config = R2ACConfig(**config)
+        if separate_critic and config is not None and config.detach_value:
+            raise ValueError(
+                "detach_value=True with separate_critic=True would leave the critic's own core untrained (the value "
+                "loss is all it learns from); use one of them."
+            )
+        if separate_critic and cell_obj is not None:  # the critic's core: built like the actor's, its own weights
+            critic_core = make_cell(cell, core_in, hidden_size, **(cell_kwargs or {}))
+            cell_obj = Parallel([cell_obj, critic_core])  # each reads its own stem's features (R2AC.features)
         self.config = config or R2ACConfig()
         super().__init__(cell_obj, lr=self.config.lr, method=method)
         self.loss_reduction = self.config.loss_reduction  # the base module scales a sum by W under DDP, not a mean
@@ -270,7 +291,7 @@ class R2AC(OnlineRecurrentModule):
                 "num_actions": action_spec["n"] if action_spec["type"] == "Discrete" else None,
                 "obs_shape": None if obs_shape is None else list(obs_shape),
                 "cell": cell_name,
-                "hidden_size": hidden_size if cell_obj is None else cell_obj.hidden_size,
+                "hidden_size": hidden_size if actor_core is None else actor_core.hidden_size,
                 "stem": stem,
                 "fc_size": fc_size,
                 "config": asdict(self.config),
@@ -279,6 +300,7 @@ class R2AC(OnlineRecurrentModule):
                 "observation_space": obs_spec,
                 "head_sizes": head_sizes,
                 "core_norm": bool(core_norm),
+                "separate_critic": bool(separate_critic),
             }
         )
         self._spaces = {  # the gymnasium spaces given (in memory only; checkpoints keep the specs)
@@ -290,14 +312,18 @@ class R2AC(OnlineRecurrentModule):
         self.obs_shape = obs_shape
         self.obs_normalizer = self._obs_normalizer(obs_shape)
         self._schedule_total: int | None = None  # the LR schedule's length, set by configure_optimizers
-        if obs_shape is None or (obs_spec is not None and is_image_spec(obs_spec) and is_channels_last(obs_shape)):
-            self.stem: nn.Module = DictStem(obs_spec, fc_size, image_stem=stem)  # per key; or an HWC image
-        else:
-            self.stem = make_stem(stem, obs_shape, fc_size)
-        head_in = core_in if cell_obj is None else cell_obj.output_size
+        self.stem: nn.Module = self._make_stem(obs_spec, obs_shape, stem, fc_size)
+        self.critic_stem: nn.Module | None = None
+        if separate_critic:
+            self.critic_stem = self._make_stem(obs_spec, obs_shape, stem, fc_size)
+        head_in = core_in if actor_core is None else actor_core.output_size
+        self._split = (head_in, head_in) if separate_critic else None  # widths of the actor's and critic's outputs
         # a linear-recurrent core's output is unbounded (an LRU unit near |lambda| = 1 sums its inputs): normalised, its
         # growth cannot blow up the logits (docs/r2ac.md#tuning-r2ac)
         self.core_norm: nn.Module = nn.LayerNorm(head_in) if core_norm else nn.Identity()
+        self.critic_norm: nn.Module | None = None
+        if separate_critic:
+            self.critic_norm = nn.LayerNorm(head_in) if core_norm else nn.Identity()
         self.policy_mlp, self.value_mlp = _mlp(head_in, head_sizes), _mlp(head_in, head_sizes)
         head_in = head_sizes[-1] if head_sizes else head_in
         cfg = self.config
@@ -309,6 +335,12 @@ class R2AC(OnlineRecurrentModule):
             log_std_init=cfg.log_std_init,
         )
         self.baseline = nn.Linear(head_in, 1)
+
+    @staticmethod
+    def _make_stem(obs_spec: Any, obs_shape: Any, stem: str, fc_size: int) -> nn.Module:
+        if obs_shape is None or (obs_spec is not None and is_image_spec(obs_spec) and is_channels_last(obs_shape)):
+            return DictStem(obs_spec, fc_size, image_stem=stem)  # per key; or an HWC image
+        return make_stem(stem, obs_shape, fc_size)
 
     def _obs_normalizer(self, obs_shape: Any) -> ObservationNormalizer | None:
         """``obs_norm``'s running statistics, after checking that the observations are flat vectors (not images, not
@@ -383,20 +415,32 @@ class R2AC(OnlineRecurrentModule):
             obs = self.obs_normalizer(obs)
         flat = _map(obs, lambda v: v.reshape(t * b, *v.shape[2:]))
         feats = self.stem(flat).reshape(t, b, -1)
-        x = torch.cat([feats, self._clip(reward.to(feats.dtype)).unsqueeze(-1)], dim=-1)
+        r = self._clip(reward.to(feats.dtype)).unsqueeze(-1)
+        if self.critic_stem is None:
+            x = torch.cat([feats, r], dim=-1)
+        else:  # separate_critic: [actor's features; reward; critic's features; reward], each core reads its half
+            x = torch.cat([feats, r, self.critic_stem(flat).reshape(t, b, -1), r], dim=-1)
         if self.cell is not None:
             x = x.to(next(self.cell.parameters()).dtype)
         return x
 
     def heads(self, h: Tensor) -> tuple[Tensor, Tensor]:
         """Policy parameters (..., P) (the logits for Discrete actions) and value (...,) from core outputs h (..., N)
-        (layer-normalised first under ``core_norm``)."""
+        (layer-normalised first under ``core_norm``). With ``separate_critic`` h is [actor's core output; critic's]."""
+        if self._split is not None:
+            actor, critic = h.split(self._split, dim=-1)
+            return self.policy(self.policy_mlp(self.core_norm(actor))), self._value(self.critic_norm(critic))
         h = self.core_norm(h)
         critic_input = h.detach() if self.config.detach_value else h  # detach_value: the value loss stops at the head
-        return self.policy(self.policy_mlp(h)), self.baseline(self.value_mlp(critic_input)).squeeze(-1)
+        return self.policy(self.policy_mlp(h)), self._value(critic_input)
+
+    def _value(self, h: Tensor) -> Tensor:
+        return self.baseline(self.value_mlp(h)).squeeze(-1)
 
     def policy_params(self, h: Tensor) -> Tensor:
         """The policy half of :meth:`heads` (what an exported policy runs)."""
+        if self._split is not None:
+            h = h[..., : self._split[0]]
         return self.policy(self.policy_mlp(self.core_norm(h)))
 
     @torch.no_grad()

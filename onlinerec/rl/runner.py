@@ -78,6 +78,10 @@ class ExperimentConfig:
     core_norm: bool = False
     """LayerNorm (with its affine parameters) on the core's output before both heads. For linear-recurrent cells (LRU,
     minGRU, ...): their outputs are unbounded and can grow until the policy is deterministic; False: the paper's."""
+    separate_critic: bool = False
+    """The value head reads a core of its own, with its own stem, built like the policy's (RecurrentPPO's default: an
+    LSTM each); both learn by the run's gradient method. The value loss then shapes no parameter of the policy, so
+    ``r2ac.baseline_cost`` weighs the critic alone. False: the paper's shared core."""
     stem_checkpoint: str | None = None
     """Load the stem's weights from this R2AC checkpoint (the paper's pre-trained DMLab stem) ..."""
     freeze_stem: bool = False
@@ -233,11 +237,14 @@ def build(cfg: ExperimentConfig):
         cell_kwargs=cell_kwargs,
         head_sizes=cfg.head_sizes,
         core_norm=cfg.core_norm,
+        separate_critic=cfg.separate_critic,
     )
     if cfg.stem_checkpoint:
         load_stem(model, cfg.stem_checkpoint)
     if cfg.freeze_stem:
-        model.stem.requires_grad_(False)
+        for stem in (model.stem, model.critic_stem):
+            if stem is not None:
+                stem.requires_grad_(False)
     return model, dm, _strategy(cfg), updates
 
 
@@ -250,6 +257,8 @@ def load_stem(model, path: str | Path) -> None:
     if not stem:
         raise ValueError(f"{path} holds no stem.* weights.")
     model.stem.load_state_dict(stem)
+    if model.critic_stem is not None:  # separate_critic: the critic's stem starts from the same weights
+        model.critic_stem.load_state_dict(stem)
 
 
 RESUMABLE_CHANGES = frozenset(
@@ -310,7 +319,7 @@ class RunFolderError(ValueError):
 
 _ARCHITECTURE = {
     "cell", "cell_kwargs", "layers", "hidden_size", "stem", "fc_size", "head_sizes", "core_norm",
-    "r2ac.reward_norm", "r2ac.obs_norm",
+    "separate_critic", "r2ac.reward_norm", "r2ac.obs_norm",
 }  # fmt: skip
 """Config keys that change the network's parameters or buffers (the normalisers' statistics): a checkpoint of
 another value cannot be continued."""
