@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
@@ -21,6 +21,8 @@ class CompositeCell(ElementwiseCell):
     """
 
     layers: nn.ModuleList
+    parts_name: ClassVar[str] = "parts"
+    """What error messages call the parts ("layers" of a stack, "branches" of a parallel cell)."""
 
     def _init_parts(self, cells: Sequence[ElementwiseCell], what: str) -> list[ElementwiseCell]:
         nn.Module.__init__(self)  # a composite has no input projection of its own

@@ -28,6 +28,8 @@ class Parallel(CompositeCell):
         split_inputs: each branch reads its own slice of the input (else all read all of it).
     """
 
+    parts_name = "branches"
+
     def __init__(self, branches: Sequence[ElementwiseCell], split_inputs: bool = True) -> None:
         cells = self._init_parts(branches, "branch")
         self.layers = nn.ModuleList(cells)

@@ -43,6 +43,8 @@ class Stack(CompositeCell):
         norm: None, "layer" (LayerNorm) or "rms" (RMSNorm), applied to every layer's input.
     """
 
+    parts_name = "layers"
+
     def __init__(self, cells: Sequence[ElementwiseCell], residual: bool = False, norm: str | None = None) -> None:
         cells = self._init_parts(cells, "layer")
         for i, (below, above) in enumerate(zip(cells, cells[1:])):

@@ -185,7 +185,7 @@ def validate_segment(cell: ElementwiseCell, inputs: Tensor, reset: Tensor, carry
 def _stack_carry_mismatch(cell: ElementwiseCell, carry: object) -> str:
     what = f"a carry of {len(carry.layers)} layers" if isinstance(carry, StackCarry) else "a single cell's carry"
     if isinstance(cell, CompositeCell):
-        want = f"a {type(cell).__name__} of {cell.num_layers} parts"
+        want = f"a {type(cell).__name__} of {cell.num_layers} {cell.parts_name}"
     else:
         want = f"a single {type(cell).__name__}"
     return f"got {what} for {want}; make the carry with init_carry for this cell."

@@ -70,6 +70,9 @@ def _newer_cells():
     if hasattr(cells, "Stack"):
         stack = cells.Stack([cells.make_cell("elstm", 9, 8), cells.make_cell("elstm", 8, 8)], residual=True)
         out["stack"] = (R2AC(4, (6,), cell=stack, stem="mlp", fc_size=8), vector_obs)
+    separate = R2AC(4, (6,), cell=["lru", "mingru"], hidden_size=8, stem="mlp", fc_size=8, core_norm=True,
+                    separate_critic=True)  # fmt: skip
+    out["separate-critic"] = (separate, vector_obs)  # the policy reads the actor's half of a Parallel core
     return out
 
 
@@ -89,7 +92,9 @@ def test_exported_policy_matches_the_module(name, tmp_path):
         torch.testing.assert_close(exported, model.env_actions(actions), rtol=1e-5, atol=1e-6)
         carry = model.carry("check")
         if carry is not None:  # the exported state is the module's carry (the first layer's, for a stack)
-            c = carry.layers[0].c if hasattr(carry, "layers") else carry.c
+            while hasattr(carry, "layers"):  # a stack, or a Parallel of stacks (separate_critic)
+                carry = carry.layers[0]
+            c = carry.c
             torch.testing.assert_close(state[0], c, rtol=1e-5, atol=1e-6)
     assert model.training  # the export worked on a copy: the module keeps its mode
 

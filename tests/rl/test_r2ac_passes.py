@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 if __name__ == "__main__":  # run as a script by the DDP test below: make `tests` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from onlinerec import OnlineRecurrentModule, RTRLStrategy
+from onlinerec import ELSTMCell, OnlineRecurrentModule, RTRLStrategy
 from onlinerec.gradients import RTRL
 from onlinerec.gradients.carry import Carry, StackCarry
 from onlinerec.rl import R2AC, R2ACConfig, RolloutDataModule, RolloutSegment, RolloutStream, vtrace
@@ -205,6 +205,88 @@ def test_detach_value_gives_the_shared_layers_the_gradient_without_the_value_los
             torch.testing.assert_close(value, want, rtol=1e-12, atol=1e-15, msg=f"step {k}: {name}")
         assert any(name.startswith(critic) for name in got)
         assert any(not torch.allclose(v, shared[n]) for n, v in got.items() if n.startswith(("cell.", "stem.")))
+
+
+def reference_parallel_gradient(model, segments, s, streams):
+    """:func:`reference_cell_gradient` for a core of branches side by side (``separate_critic``): full BPTT through
+    the streams' whole history with check.reference_run, which steps every branch by its own single-step forward."""
+    from onlinerec.gradients.check import reference_run
+
+    model.zero_grad()
+    with torch.no_grad():
+        xs = [model.features(g.inputs, g.rewards) for g in segments[: s + 1]]
+    x = torch.cat([f[:M] for f in xs])
+    reset = torch.cat([g.reset[:M] for g in segments[: s + 1]])
+    out, state = reference_run(model.cell, x, reset)
+    params, values = model.heads(out[-M:])
+    seg = segments[s]
+    with torch.no_grad():  # entry M: the bootstrap value, from the state after entry M-1
+        h_m, _ = reference_run(model.cell, xs[s][M:], seg.reset[M:], state)
+        _, bootstrap = model.heads(h_m[0])
+    loss = model.segment_loss((params[:, streams], values[:, streams], bootstrap[streams]), seg.select(streams))
+    loss["loss"].backward()
+    return {k: p.grad.clone() for k, p in model.cell.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("epochs, minibatches", [(1, 1), (2, 2)])
+def test_separate_critic_passes_are_bptt_and_each_loss_trains_its_own_core(epochs, minibatches):
+    """``separate_critic``, fixed weights (lr = 0), float64, RTRL across segments: every optimiser step's gradient of
+    both cores equals full BPTT over the stream's history; the actor's stem, core and head get exactly the gradient
+    without the value loss, the critic's exactly the value loss's (each loss reaches its own parameters only)."""
+    segments = record(3, torch.float64)
+    common = dict(lr=0.0, grad_clip=0.0, epochs=epochs, minibatches=minibatches)
+    runs = {name: Grads() for name in ("both", "no_value_loss", "value_only")}
+    models = {}
+    for name, extra in {
+        "both": {},
+        "no_value_loss": {"baseline_cost": 0.0},
+        "value_only": {"entropy_cost": 0.0, "ppo_clip": None},
+    }.items():
+        models[name] = tiny(R2ACConfig(**common, **extra), separate_critic=True).double()
+        fit(models[name], segments, callbacks=[runs[name]])
+    model = models["both"]
+    assert type(model.cell).__name__ == "Parallel" and model.critic_stem is not None
+    groups = torch.arange(B).chunk(minibatches)
+    critic = ("cell.layers.1.", "critic_stem.", "critic_norm.", "value_mlp.", "baseline.")
+    assert len(runs["both"].steps) == 3 * epochs * minibatches
+    for k, ((s, got), (_, no_value)) in enumerate(zip(runs["both"].steps, runs["no_value_loss"].steps)):
+        want = reference_parallel_gradient(model, segments, s, groups[k % minibatches])
+        for name, value in want.items():
+            torch.testing.assert_close(got[f"cell.{name}"], value, rtol=1e-9, atol=1e-12, msg=f"step {k}: {name}")
+        for name, value in got.items():  # the value loss reaches the critic's parameters only
+            if not name.startswith(critic):
+                torch.testing.assert_close(value, no_value[name], rtol=1e-12, atol=1e-15, msg=f"step {k}: {name}")
+        assert {n for n in got if n.startswith(critic)} and all(
+            not n.startswith(critic) for n in no_value if no_value[n].abs().sum() > 0
+        )
+
+
+@pytest.mark.parametrize("epochs", [1, 2], ids=["one-pass", "two-passes"])
+def test_separate_critic_resumes_exactly(epochs, tmp_path):
+    """Both cores' carries (state and sensitivities) are in the checkpoint: 3 + 3 segments through a save and a resume
+    end bit for bit where 6 straight segments end, weights and both carries."""
+    segments = record(6)
+    cfg = R2ACConfig(epochs=epochs, total_updates=40, lr=1e-2)
+    straight = tiny(cfg, separate_critic=True)
+    fit(straight, segments)
+    first = tiny(cfg, separate_critic=True)
+    save = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
+    fit(first, segments, max_steps=3 * epochs, callbacks=[save])
+    resumed = tiny(cfg, separate_critic=True)
+    fit(resumed, segments[3:] + segments[:3], ckpt_path=tmp_path / "last.ckpt", max_steps=6 * epochs)
+    assert_same(straight, resumed)
+    for got, want in zip(resumed.carry().layers, straight.carry().layers):  # the actor's core, then the critic's
+        torch.testing.assert_close(got.c, want.c, rtol=0, atol=0)
+        for key, value in want.sensitivities.items():
+            torch.testing.assert_close(got.sensitivities[key], value, rtol=0, atol=0, msg=key)
+
+
+def test_separate_critic_refuses_what_it_cannot_build():
+    with pytest.raises(ValueError, match="pass cell as a name"):
+        R2AC(2, (4,), cell=ELSTMCell(6, 6), stem="mlp", fc_size=5,
+             separate_critic=True)  # fmt: skip
+    with pytest.raises(ValueError, match="detach_value=True with separate_critic=True"):
+        tiny(R2ACConfig(detach_value=True), separate_critic=True)
 
 
 @pytest.mark.parametrize("minibatches", [2, 4])

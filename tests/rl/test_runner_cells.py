@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from onlinerec.cells import LRUCell, MinGRUCell, Stack, cell_spec
-from onlinerec.rl.runner import build, parse_experiment, run_experiment
+from onlinerec.rl.runner import RunFolderError, build, parse_experiment, run_experiment
 from tests.helpers import TINY_RL
 
 TINY = [*TINY_RL, "--env", "memory:tmaze", "--env_kwargs", '{"length": 3}', "--stem", "mlp", "--eval_episodes", "0"]
@@ -153,3 +153,24 @@ def test_an_option_before_a_config_file_that_sets_it_is_named_not_silently_dropp
     assert "Options override a config file only when they come after it" in err
     cfg = parse_experiment(["--config", str(config), "--env", "popgym:CountRecallEasy"])  # after it: the option wins
     assert cfg.env == "popgym:CountRecallEasy" and capsys.readouterr().err == ""
+
+
+def test_separate_critic_trains_checkpoints_both_cores_and_resumes(tmp_path):
+    """``--separate_critic true``: a Parallel core (the actor's stack and the critic's), both carries in the checkpoint,
+    and the run resumes (exactly: tests/rl/test_r2ac_passes.py); turning the option off on resume is refused (the
+    weights would not fit)."""
+    kwargs = "{residual: true, norm: layer, layer_kwargs: [{slow_fraction: 0.5}, {}]}"
+    args = [*TINY, "--cell", "[lru, mingru]", "--cell_kwargs", kwargs, "--hidden_size", "8", "--fc_size", "7"]
+    args += ["--separate_critic", "true", "--core_norm", "true", "--out_dir", str(tmp_path)]
+    model, *_ = build(parse_experiment(args))
+    assert type(model.cell).__name__ == "Parallel" and [type(b).__name__ for b in model.cell.layers] == ["Stack"] * 2
+    assert model.hparams["hidden_size"] == 8 and model.cell.output_size == 16
+    assert not build(parse_experiment(TINY))[0].hparams["separate_critic"]  # the paper's shared core by default
+    assert run_experiment(parse_experiment([*args, "--total_frames", "16"]))["updates"] == 2
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    branches = ckpt["onlinerec"]["carries"]["train"]["layers"]
+    assert len(branches) == 2 and all(len(b["layers"]) == 2 for b in branches)  # two cores of two layers each
+    assert run_experiment(parse_experiment([*args, "--total_frames", "32"]))["updates"] == 4
+    off = [a for a in args if a not in ("--separate_critic", "true")]
+    with pytest.raises(RunFolderError, match=r"network differs from this one \(separate_critic\)"):
+        run_experiment(parse_experiment([*off, "--total_frames", "48"]))
