@@ -830,3 +830,14 @@ def test_ddp_two_ranks_take_the_one_process_gradient_of_every_pass(tmp_path):
 
 if __name__ == "__main__":
     _ddp_main(Path(sys.argv[1]))
+
+
+def test_a_feed_forward_agent_with_separate_critic_has_a_stem_each():
+    """Without a core (cell=None) the heads read [actor's features; reward] and [critic's features; reward]."""
+    model = R2AC(3, (5,), cell=None, stem="mlp", fc_size=4, separate_critic=True, core_norm=True)
+    x = model.features(torch.randn(2, 3, 5), torch.zeros(2, 3))
+    assert x.shape == (2, 3, 10)
+    params, values = model.heads(x)
+    values.sum().backward()
+    touched = {n.split(".")[0] for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert touched == {"critic_stem", "critic_norm", "baseline"} and params.shape == (2, 3, 3)
