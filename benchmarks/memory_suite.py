@@ -44,7 +44,12 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   and a second batch named in session 17, ``PositionOnlyCartPoleEasy NoisyPositionOnlyCartPoleEasy
   PositionOnlyPendulumEasy ConcentrationEasy``; not run by default): POPGym envs on which no setting of any arm was
   chosen, for the POPGym configs (``lru_mixed_passes``, ``lru_mixed_norm_ent3``, ``lru_mixed_norm_pg``, then
-  ``lru_mingru_pg``) against RecurrentPPO.
+  ``lru_mingru_pg``, then ``lru_mingru_sep``) against RecurrentPPO; a third batch named in session 18 and a fourth
+  in session 19 (``HELD_OUT`` lists all).
+- **A critic of its own** (``lru_mingru_sep``, not run by default; ``examples/configs/popgym.yaml`` since session
+  19): ``lru_mingru_pg`` with ``separate_critic`` (a stem and core each for the policy and the value head),
+  value-loss weight 0.5 and time-limit bootstrapping; set before any run and chosen over ``lru_mingru_pg`` by a rule
+  fixed beforehand, on the held-out envs.
 - **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3 ppo_lstm_zoo ...``, not run by
   default): ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), rl-zoo's whole tuned
   CartPoleNoVel recipe on every env, and session 17's sweep of one change at a time around the defaults and the
@@ -440,7 +445,7 @@ CANDIDATES = [
     "lru_mingru_vdetach", "lru_mingru_pg_raw_m16_e2", "lru_mingru_long", "lru_mingru_sep",
 ]  # fmt: skip
 """Candidates for one setting on every env, run only when named (``--methods``)."""
-SHIPPED_POPGYM_ARM = "lru_mingru_pg"
+SHIPPED_POPGYM_ARM = "lru_mingru_sep"
 """The arm that ``examples/configs/popgym.yaml`` packages (a test keeps them equal)."""
 SHIPPED_CONFIGS: dict[str, tuple[str, str, float]] = {
     "popgym.yaml": ("RepeatPreviousEasy", SHIPPED_POPGYM_ARM, 1.0),
