@@ -429,6 +429,19 @@ SB3_TUNING: dict[str, dict[str, Any]] = {
     # defaults (which win CountRecallEasy), and with the recipe's other change that helped CountRecallEasy
     "ppo_lstm_ent3": {"ent_coef": 3.0e-3},
     "ppo_lstm_zoo_raw_ent3": {**_SB3_ZOO, "normalize": False, "ent_coef": 3.0e-3},
+    # session 20's third round, to bring RecurrentPPO's tuning budget level with R2AC's: one change at a time that
+    # the earlier rounds left untried, around the same two settings (the defaults, best on CountRecallEasy; the
+    # recipe with entropy 3e-3, best on RepeatFirstEasy), all set before any run of them
+    "ppo_lstm_e20": {"n_epochs": 20},  # the recipe's 20 passes per rollout, on the defaults
+    "ppo_lstm_lam08": {"gae_lambda": 0.8},  # the recipe's short credit assignment, on the defaults
+    "ppo_lstm_n256": {"n_steps": 256},  # twice as long rollouts: longer sequences through the LSTM
+    "ppo_lstm_b64": {"batch_size": 64},  # half-size minibatches: twice as many gradient steps per rollout
+    "ppo_lstm_shared": {  # one LSTM for actor and critic, the layout R2AC's shared core has
+        "policy_kwargs": {**_SB3_MATCHED["policy_kwargs"], "shared_lstm": True, "enable_critic_lstm": False},
+    },
+    "ppo_lstm_zoo_ent3_g099": {**_SB3_ZOO, "ent_coef": 3.0e-3, "gamma": 0.99},  # the suite's usual discount
+    "ppo_lstm_zoo_ent3_n64": {**_SB3_ZOO, "ent_coef": 3.0e-3, "n_steps": 64},  # longer rollouts for the recipe
+    "ppo_lstm_zoo_ent01": {**_SB3_ZOO, "ent_coef": 0.01},  # a larger entropy bonus for the recipe
 }
 """RecurrentPPO with one setting changed from the env's ``sb3`` values: its tuning runs (issue 13 asks for the same
 budget of tuning runs as R2AC's), set before any run; run only when named (``--methods``)."""
