@@ -54,8 +54,10 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   default): ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), rl-zoo's whole tuned
   CartPoleNoVel recipe on every env, and session 17's sweep of one change at a time around the defaults and the
   recipe (``ppo_lstm_n32``, ``ppo_lstm_n32_lr1e3``, ``ppo_lstm_zoo_raw``, ``ppo_lstm_zoo_lam95``,
-  ``ppo_lstm_zoo_e10``, ``ppo_lstm_zoo_ent3``; then ``ppo_lstm_ent3``, ``ppo_lstm_zoo_raw_ent3``), for a tuning
-  budget nearer R2AC's (``SB3_TUNING``).
+  ``ppo_lstm_zoo_e10``, ``ppo_lstm_zoo_ent3``; then ``ppo_lstm_ent3``, ``ppo_lstm_zoo_raw_ent3``), and session
+  20's (``ppo_lstm_e20``, ``ppo_lstm_lam08``, ``ppo_lstm_n256``, ``ppo_lstm_b64``, ``ppo_lstm_shared``,
+  ``ppo_lstm_zoo_ent3_g099``, ``ppo_lstm_zoo_ent3_n64``, ``ppo_lstm_zoo_ent01``; then ``ppo_lstm_e20_lam08``,
+  ``ppo_lstm_e30``), 22 settings in all, level with R2AC's tuning arms (``SB3_TUNING``).
 - **RecurrentPPO arm** (``ppo_lstm``): ``python benchmarks/memory_suite.py sb3 --env <name> --seed <k> --out ...``.
   Its envs are onlinerec's (``onlinerec.rl.envs.make_vector_env`` with the same env id and kwargs, behind a thin
   sb3 ``VecEnv`` adapter; SAME_STEP autoreset is sb3's own convention), seeded with the same
