@@ -450,7 +450,7 @@ SB3_TUNING: dict[str, dict[str, Any]] = {
     "ppo_lstm_e20_lam08": {"n_epochs": 20, "gae_lambda": 0.8},
     "ppo_lstm_e30": {"n_epochs": 30},
 }
-"""RecurrentPPO with one setting changed from the env's ``sb3`` values: its tuning runs (issue 13 asks for the same
+"""RecurrentPPO with some settings changed from the env's ``sb3`` values: its tuning runs (issue 13 asks for the same
 budget of tuning runs as R2AC's), set before any run; run only when named (``--methods``)."""
 SB3_ARMS: dict[str, dict[str, Any]] = {"ppo_lstm": {}, **SB3_TUNING}
 """Every RecurrentPPO arm and its change to the env's ``sb3`` values."""
