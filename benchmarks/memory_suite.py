@@ -44,12 +44,15 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   and a second batch named in session 17, ``PositionOnlyCartPoleEasy NoisyPositionOnlyCartPoleEasy
   PositionOnlyPendulumEasy ConcentrationEasy``; not run by default): POPGym envs on which no setting of any arm was
   chosen, for the POPGym configs (``lru_mixed_passes``, ``lru_mixed_norm_ent3``, ``lru_mixed_norm_pg``, then
-  ``lru_mingru_pg``, then ``lru_mingru_sep``) against RecurrentPPO; a third batch named in session 18 and a fourth
-  in session 19 (``HELD_OUT`` lists all).
+  ``lru_mingru_pg``, then ``lru_mingru_sep``) against RecurrentPPO; a third batch named in session 18, a fourth
+  in session 19 and a fifth in session 21 (``HELD_OUT`` lists all).
 - **A critic of its own** (``lru_mingru_sep``, not run by default; ``examples/configs/popgym.yaml`` since session
   19): ``lru_mingru_pg`` with ``separate_critic`` (a stem and core each for the policy and the value head),
   value-loss weight 0.5 and time-limit bootstrapping; set before any run and chosen over ``lru_mingru_pg`` by a rule
   fixed beforehand, on the held-out envs.
+- **Long segments with a critic of its own** (``lru_mingru_long_sep``, not run by default): ``lru_mingru_long``'s
+  segments of 32 steps and 10 passes in 4 minibatches with ``lru_mingru_sep``'s separate critic; set before any run,
+  with a rule for replacing ``popgym.yaml`` (session 21).
 - **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3 ppo_lstm_zoo ...``, not run by
   default): ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), rl-zoo's whole tuned
   CartPoleNoVel recipe on every env, and session 17's sweep of one change at a time around the defaults and the
@@ -202,12 +205,21 @@ ENVS: dict[str, EnvSpec] = {
     "AutoencodeMedium": _popgym("AutoencodeMedium", -0.495),
     "RepeatFirstMedium": _popgym("RepeatFirstMedium", -0.496),
     "CountRecallMedium": _popgym("CountRecallMedium", -0.925),
+    # a fifth held-out batch, named in session 21 with the rule for lru_mingru_long_sep and before any run on them:
+    # the next four envs of popgym.envs.ALL that no arm had run on (all four partially observed control); random
+    # returns measured as above
+    "PositionOnlyCartPoleMedium": _popgym("PositionOnlyCartPoleMedium", 0.056),
+    "PositionOnlyPendulumMedium": _popgym("PositionOnlyPendulumMedium", 0.268),
+    "VelocityOnlyCartPoleMedium": _popgym("VelocityOnlyCartPoleMedium", 0.056),
+    "NoisyPositionOnlyCartPoleMedium": _popgym("NoisyPositionOnlyCartPoleMedium", 0.111),
 }  # fmt: skip
 HELD_OUT = [
     "AutoencodeEasy", "MultiarmedBanditEasy", "BattleshipEasy", "MineSweeperEasy", "HigherLowerEasy",
     "PositionOnlyCartPoleEasy", "NoisyPositionOnlyCartPoleEasy", "PositionOnlyPendulumEasy", "ConcentrationEasy",
     "VelocityOnlyCartPoleEasy", "LabyrinthEscapeEasy", "LabyrinthExploreEasy", "RepeatPreviousMedium",
     "NoisyPositionOnlyPendulumEasy", "AutoencodeMedium", "RepeatFirstMedium", "CountRecallMedium",
+    "PositionOnlyCartPoleMedium", "PositionOnlyPendulumMedium", "VelocityOnlyCartPoleMedium",
+    "NoisyPositionOnlyCartPoleMedium",
 ]  # fmt: skip
 """Envs no setting was chosen on; not part of the default suite (``--envs`` names them)."""
 
@@ -404,6 +416,16 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
         "method": "rtrl", **_LRU_MINGRU,
         "r2ac": {**_LRU_MINGRU["r2ac"], "baseline_cost": 0.5, "bootstrap_truncation": True},
         "config": {**_LRU_MINGRU["config"], "separate_critic": True},
+    },
+    # both of the last two: lru_mingru_long's segments and passes (best of R2AC's settings on the CartPoles) with
+    # lru_mingru_sep's critic of its own (popgym.yaml: best on the memory tasks), so the long setting's value-loss
+    # weight of 0.5 no longer shapes the policy's core (its BattleshipEasy collapse). Set before any run of it, with a
+    # rule for what follows (session 21)
+    "lru_mingru_long_sep": {
+        "method": "rtrl", **_LRU_MINGRU,
+        "r2ac": {**_LRU_MINGRU["r2ac"], "epochs": 10, "minibatches": 4, "bootstrap_truncation": True,
+                 "baseline_cost": 0.5},
+        "config": {**_LRU_MINGRU["config"], "M": 32, "separate_critic": True},
     },
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
