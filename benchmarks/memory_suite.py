@@ -244,6 +244,14 @@ _LRU_MINGRU: dict[str, Any] = {
 """The ``lru_mingru_*`` arms without their method: an LRU on two rings under a minGRU, pre-LayerNorm residual blocks,
 ``lru_mixed_norm_pg``'s R2AC settings; the stem one narrower than the core (see ``r2ac_config``)."""
 
+_LONG_SEGMENTS: dict[str, Any] = {
+    "method": "rtrl", **_LRU_MINGRU,
+    "r2ac": {**_LRU_MINGRU["r2ac"], "epochs": 10, "minibatches": 4, "bootstrap_truncation": True, "baseline_cost": 0.5},
+    "config": {**_LRU_MINGRU["config"], "M": 32},
+}  # fmt: skip
+"""``lru_mingru_long`` (``examples/configs/long_segments.yaml``): 32-step segments, 10 passes in 4 minibatches, the
+control weights; ``lru_mingru_long_sep`` adds a critic of its own."""
+
 R2AC_METHODS: dict[str, dict[str, Any]] = {
     "rtrl": {"method": "rtrl", "cell": "elstm"},
     "tbptt": {"method": "tbptt", "cell": "elstm"},
@@ -401,12 +409,7 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
     # longer segments with more passes (M 32, 10 passes in 4 minibatches) with the control weights (time-limit
     # bootstrapping, value-loss weight 0.5): found on PositionOnlyPendulumEasy in session 17, then run unchanged
     # with `onlinerec rl` on the suite's POPGym envs (docs/results.md); this arm runs it on the rest
-    "lru_mingru_long": {
-        "method": "rtrl", **_LRU_MINGRU,
-        "r2ac": {**_LRU_MINGRU["r2ac"], "epochs": 10, "minibatches": 4, "bootstrap_truncation": True,
-                 "baseline_cost": 0.5},
-        "config": {**_LRU_MINGRU["config"], "M": 32},
-    },
+    "lru_mingru_long": _LONG_SEGMENTS,
     # lru_mingru_pg with a critic of its own (separate_critic: a second stem and lru/mingru core for the value head,
     # RecurrentPPO's default layout), so the value loss at its usual weight (0.5) no longer shapes the policy's core:
     # popgym.yaml keeps that weight at 0.1 for the policy's sake, and control wants a good critic (lru_mingru_long:
@@ -421,12 +424,7 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
     # lru_mingru_sep's critic of its own (popgym.yaml: best on the memory tasks), so the long setting's value-loss
     # weight of 0.5 no longer shapes the policy's core (its BattleshipEasy collapse). Set before any run of it, with a
     # rule for what follows (session 21)
-    "lru_mingru_long_sep": {
-        "method": "rtrl", **_LRU_MINGRU,
-        "r2ac": {**_LRU_MINGRU["r2ac"], "epochs": 10, "minibatches": 4, "bootstrap_truncation": True,
-                 "baseline_cost": 0.5},
-        "config": {**_LRU_MINGRU["config"], "M": 32, "separate_critic": True},
-    },
+    "lru_mingru_long_sep": {**_LONG_SEGMENTS, "config": {**_LONG_SEGMENTS["config"], "separate_critic": True}},
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},
