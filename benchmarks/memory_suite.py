@@ -45,14 +45,15 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   PositionOnlyPendulumEasy ConcentrationEasy``; not run by default): POPGym envs on which no setting of any arm was
   chosen, for the POPGym configs (``lru_mixed_passes``, ``lru_mixed_norm_ent3``, ``lru_mixed_norm_pg``, then
   ``lru_mingru_pg``, then ``lru_mingru_sep``) against RecurrentPPO; a third batch named in session 18, a fourth
-  in session 19 and a fifth in session 21 (``HELD_OUT`` lists all).
+  in session 19 and a fifth in session 21, run in session 22 (``HELD_OUT`` lists all).
 - **A critic of its own** (``lru_mingru_sep``, not run by default; ``examples/configs/popgym.yaml`` since session
   19): ``lru_mingru_pg`` with ``separate_critic`` (a stem and core each for the policy and the value head),
   value-loss weight 0.5 and time-limit bootstrapping; set before any run and chosen over ``lru_mingru_pg`` by a rule
   fixed beforehand, on the held-out envs.
 - **Long segments with a critic of its own** (``lru_mingru_long_sep``, not run by default): ``lru_mingru_long``'s
   segments of 32 steps and 10 passes in 4 minibatches with ``lru_mingru_sep``'s separate critic; set before any run,
-  with a rule for replacing ``popgym.yaml`` (session 21).
+  with a rule for replacing ``popgym.yaml`` (session 21), which it missed; run on the fifth held-out batch under a
+  second rule (session 22): one win, three losses, so no control config ships.
 - **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3 ppo_lstm_zoo ...``, not run by
   default): ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), rl-zoo's whole tuned
   CartPoleNoVel recipe on every env, and session 17's sweep of one change at a time around the defaults and the
