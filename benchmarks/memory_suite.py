@@ -54,6 +54,10 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   segments of 32 steps and 10 passes in 4 minibatches with ``lru_mingru_sep``'s separate critic; set before any run,
   with a rule for replacing ``popgym.yaml`` (session 21), which it missed; run on the fifth held-out batch under a
   second rule (session 22): one win, three losses, so no control config ships.
+- **Shorter traces** (``lru_mingru_sep_lam08``, ``lru_mingru_long_sep_lam08``, not run by default): the last two
+  with V-trace's traces cut at lambda = 0.8 (``R2ACConfig.trace_lambda``; on-policy these are GAE 0.8's targets, the
+  lambda of rl-zoo's recipe and of RecurrentPPO's best CountRecallEasy setting); set before any run, with a rule
+  (session 23).
 - **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3 ppo_lstm_zoo ...``, not run by
   default): ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), rl-zoo's whole tuned
   CartPoleNoVel recipe on every env, and session 17's sweep of one change at a time around the defaults and the
@@ -426,6 +430,18 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
     # weight of 0.5 no longer shapes the policy's core (its BattleshipEasy collapse). Set before any run of it, with a
     # rule for what follows (session 21)
     "lru_mingru_long_sep": {**_LONG_SEGMENTS, "config": {**_LONG_SEGMENTS["config"], "separate_critic": True}},
+    # the last two with V-trace's traces cut at lambda = 0.8 (R2ACConfig.trace_lambda; on-policy, GAE 0.8's targets):
+    # the short GAE of rl-zoo's recipe and of RecurrentPPO's best CountRecallEasy setting, which R2AC lacked. Set
+    # before any run of them, with a rule for what follows (session 23)
+    "lru_mingru_sep_lam08": {
+        "method": "rtrl", **_LRU_MINGRU,
+        "r2ac": {**_LRU_MINGRU["r2ac"], "baseline_cost": 0.5, "bootstrap_truncation": True, "trace_lambda": 0.8},
+        "config": {**_LRU_MINGRU["config"], "separate_critic": True},
+    },
+    "lru_mingru_long_sep_lam08": {
+        **_LONG_SEGMENTS, "r2ac": {**_LONG_SEGMENTS["r2ac"], "trace_lambda": 0.8},
+        "config": {**_LONG_SEGMENTS["config"], "separate_critic": True},
+    },
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},
@@ -484,6 +500,7 @@ CANDIDATES = [
     "lru_mingru_ent3_boot", "lru_mingru_bc5", "lru_mingru_pg_raw", "lru_mingru_bc5_raw",
     "lru_mingru_raw_ent2", "lru_mingru_grid_raw", "lru_mingru_pg_raw_m16", "lru_mingru_pg_boot",
     "lru_mingru_vdetach", "lru_mingru_pg_raw_m16_e2", "lru_mingru_long", "lru_mingru_sep",
+    "lru_mingru_sep_lam08", "lru_mingru_long_sep_lam08",
 ]  # fmt: skip
 """Candidates for one setting on every env, run only when named (``--methods``)."""
 SHIPPED_POPGYM_ARM = "lru_mingru_sep"

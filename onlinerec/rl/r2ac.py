@@ -140,7 +140,21 @@ class R2ACConfig:
     min(rho A, clip(rho, 1 - eps, 1 + eps) A), rho = pi / mu against the actor's policy mu, with A the V-trace advantage
     r_s + gamma_s v_{s+1} - V(x_s) (without its importance weight, which rho replaces)."""
 
+    trace_lambda: float = 1.0
+    """lambda in [0, 1] of V-trace's traces, c_s = lambda min(clip_c, rho_s) (Espeholt et al. 2018, remark 2): 1 is
+    the paper's V-trace; below 1 the targets lean on the critic sooner, with less variance and more bias. On-policy,
+    v_s - V(x_s) is then GAE(gamma, lambda)'s advantage (PPO's lambda; RecurrentPPO's rl-zoo recipe uses 0.8)."""
+
     def __post_init__(self) -> None:
+        if (
+            isinstance(self.trace_lambda, bool)
+            or not isinstance(self.trace_lambda, (int, float))
+            or not (0.0 <= self.trace_lambda <= 1.0)
+        ):
+            raise ValueError(
+                f"R2ACConfig.trace_lambda must be a number in [0, 1] (1: the paper's V-trace; PPO's GAE often uses "
+                f"0.95 or 0.8), got {self.trace_lambda!r}."
+            )
         if self.loss_reduction not in ("sum", "mean"):
             raise ValueError(f"R2ACConfig.loss_reduction must be 'sum' or 'mean', got {self.loss_reduction!r}.")
         for name in ("epochs", "minibatches"):
@@ -586,6 +600,7 @@ class R2AC(OnlineRecurrentModule):
             clip_c=cfg.clip_c,
             clip_pg_rho=cfg.clip_pg_rho,
             weight_advantages=cfg.ppo_clip is None,  # PPO's ratio stands in for the importance weight
+            trace_lambda=cfg.trace_lambda,
         )
         if cfg.advantage_norm:
             advantages = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)

@@ -23,17 +23,22 @@ def vtrace(
     clip_c: float | None = 1.0,
     clip_pg_rho: float | None = 1.0,
     weight_advantages: bool = True,
+    trace_lambda: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """V-trace value targets and policy-gradient advantages on time-major (T, B) tensors.
 
-    With ``rho_t = pi(a_t|x_t) / mu(a_t|x_t)``, ``rho-bar_t = min(clip_rho, rho_t)``, ``c_t = min(clip_c, rho_t)``
-    and ``delta_t = rho-bar_t (r_t + gamma_t V(x_{t+1}) - V(x_t))``::
+    With ``rho_t = pi(a_t|x_t) / mu(a_t|x_t)``, ``rho-bar_t = min(clip_rho, rho_t)``,
+    ``c_t = lambda min(clip_c, rho_t)`` (``lambda = trace_lambda``, Espeholt et al.'s remark 2: 1 is plain V-trace) and ``delta_t = rho-bar_t (r_t + gamma_t V(x_{t+1}) - V(x_t))``::
 
         v_s   = V(x_s) + sum_{k >= s} (prod_{i=s}^{k-1} gamma_i c_i) delta_k
         adv_s = min(clip_pg_rho, rho_s) (r_s + gamma_s v_{s+1} - V(x_s))
 
     where ``V(x_T)`` and ``v_T`` are ``bootstrap_value``. Computed by the backward recursion
     ``v_s - V(x_s) = delta_s + gamma_s c_s (v_{s+1} - V(x_{s+1}))``.
+
+    On-policy (``rho_t = 1``) ``v_s`` is the TD(lambda) return and ``v_s - V(x_s)`` is GAE(gamma, lambda)'s advantage;
+    ``adv_s`` keeps the first step's ``r_s + gamma_s v_{s+1}`` whole, so it equals
+    ``delta_s + (GAE_s - delta_s) / lambda`` (the same as GAE at ``lambda = 1``).
 
     Args:
         behaviour_logp: (T, B) log mu(a_t|x_t) of the actions taken, under the acting policy.
@@ -45,6 +50,8 @@ def vtrace(
         clip_rho, clip_c, clip_pg_rho: truncation levels (None: no truncation).
         weight_advantages: False leaves the importance weight out of the advantages (``adv_s = r_s + gamma_s v_{s+1}
             - V(x_s)``, ``clip_pg_rho`` unused), for an objective that applies pi/mu itself (PPO's clipped ratio).
+        trace_lambda: lambda in [0, 1], how far the targets trace the rewards ahead: 0 bootstraps after one step,
+            1 is the paper's V-trace. Smaller values trade bias for less variance, as GAE's lambda does.
 
     Returns:
         ``(vs, pg_advantages)``, both (T, B), detached.
@@ -58,9 +65,11 @@ def vtrace(
         raise ValueError(
             f"bootstrap_value must have shape (B,) = {tuple(values.shape[1:])}; got {tuple(bootstrap_value.shape)}."
         )
+    if not 0.0 <= trace_lambda <= 1.0:
+        raise ValueError(f"trace_lambda must be in [0, 1] (1: plain V-trace), got {trace_lambda!r}.")
     rhos = torch.exp(target_logp - behaviour_logp)
     clipped_rhos = rhos if clip_rho is None else rhos.clamp(max=clip_rho)
-    cs = rhos if clip_c is None else rhos.clamp(max=clip_c)
+    cs = trace_lambda * (rhos if clip_c is None else rhos.clamp(max=clip_c))
     values_next = torch.cat([values[1:], bootstrap_value.unsqueeze(0)])
     deltas = clipped_rhos * (rewards + discounts * values_next - values)
 

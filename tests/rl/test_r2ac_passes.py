@@ -664,6 +664,22 @@ def test_ppo_clip_is_the_clipped_ratio_on_unweighted_vtrace_advantages():
     assert 0.0 <= float(got["clip_fraction"]) <= 1.0
 
 
+def test_trace_lambda_reaches_the_targets():
+    """model.targets with trace_lambda equals vtrace called with it (and differs from lambda = 1)."""
+    seg = record(1)[0]
+    model = tiny(R2ACConfig(trace_lambda=0.5), method="rtrl")
+    outputs = model.learner_outputs(seg)
+    params, values, bootstrap = outputs
+    logp = model.policy.log_prob(params, seg.actions[1:]).detach()
+    args = (seg.behaviour_logp[1:], logp, seg.rewards[1:].clamp(-1, 1), 0.99 * (~seg.reset[1:]).float())
+    vs, adv = model.targets(outputs, seg)
+    want_vs, want_adv = vtrace(*args, values.detach(), bootstrap, trace_lambda=0.5)
+    torch.testing.assert_close(vs, want_vs)
+    torch.testing.assert_close(adv, want_adv)
+    plain_vs, _ = vtrace(*args, values.detach(), bootstrap)
+    assert not torch.allclose(vs, plain_vs)
+
+
 def test_adam_and_the_epsilons_reach_the_optimizer():
     opt = tiny(R2ACConfig(optimizer="adam", adam_eps=1e-7, lr=3e-4)).configure_optimizers()
     assert isinstance(opt, torch.optim.Adam) and opt.defaults["eps"] == 1e-7 and opt.defaults["lr"] == 3e-4
@@ -681,6 +697,8 @@ def test_adam_and_the_epsilons_reach_the_optimizer():
         ({"loss_reduction": "avg"}, r"loss_reduction must be 'sum' or 'mean', got 'avg'"),
         ({"ppo_clip": 0.0}, r"ppo_clip must be a number > 0 .* or None"),
         ({"optimizer": "sgd"}, r"optimizer must be 'rmsprop' or 'adam', got 'sgd'"),
+        ({"trace_lambda": 1.2}, r"trace_lambda must be a number in \[0, 1\] .*got 1.2"),
+        ({"trace_lambda": "0.8"}, r"trace_lambda must be a number in \[0, 1\]"),
     ],
 )
 def test_bad_values_are_refused_with_their_fix(fields, match):
