@@ -45,7 +45,8 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   PositionOnlyPendulumEasy ConcentrationEasy``; not run by default): POPGym envs on which no setting of any arm was
   chosen, for the POPGym configs (``lru_mixed_passes``, ``lru_mixed_norm_ent3``, ``lru_mixed_norm_pg``, then
   ``lru_mingru_pg``, then ``lru_mingru_sep``) against RecurrentPPO; a third batch named in session 18, a fourth
-  in session 19, a fifth in session 21, run in session 22, and a sixth in session 23 (``HELD_OUT`` lists all).
+  in session 19, a fifth in session 21, run in session 22, and a sixth in session 23, run for
+  ``lru_mingru_sep`` alone (``HELD_OUT`` lists all).
 - **A critic of its own** (``lru_mingru_sep``, not run by default; ``examples/configs/popgym.yaml`` since session
   19): ``lru_mingru_pg`` with ``separate_critic`` (a stem and core each for the policy and the value head),
   value-loss weight 0.5 and time-limit bootstrapping; set before any run and chosen over ``lru_mingru_pg`` by a rule
