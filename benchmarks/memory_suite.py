@@ -58,7 +58,7 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
 - **Shorter traces** (``lru_mingru_sep_lam08``, ``lru_mingru_long_sep_lam08``, not run by default): the last two
   with V-trace's traces cut at lambda = 0.8 (``R2ACConfig.trace_lambda``; on-policy these are GAE 0.8's targets, the
   lambda of rl-zoo's recipe and of RecurrentPPO's best CountRecallEasy setting); set before any run, with a rule
-  (session 23).
+  (session 23); both failed its gates (each worse than its parent on one env), so neither ran held out.
 - **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3 ppo_lstm_zoo ...``, not run by
   default): ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), rl-zoo's whole tuned
   CartPoleNoVel recipe on every env, and session 17's sweep of one change at a time around the defaults and the
