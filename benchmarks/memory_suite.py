@@ -265,6 +265,15 @@ _LONG_SEGMENTS: dict[str, Any] = {
 }  # fmt: skip
 """``lru_mingru_long`` (``examples/configs/long_segments.yaml``): 32-step segments, 10 passes in 4 minibatches, the
 control weights; ``lru_mingru_long_sep`` adds a critic of its own."""
+_SEP: dict[str, Any] = {
+    "method": "rtrl", **_LRU_MINGRU,
+    "r2ac": {**_LRU_MINGRU["r2ac"], "baseline_cost": 0.5, "bootstrap_truncation": True},
+    "config": {**_LRU_MINGRU["config"], "separate_critic": True},
+}  # fmt: skip
+"""``lru_mingru_sep`` (``examples/configs/popgym.yaml``): a critic of its own, value-loss weight 0.5, time-limit
+bootstrapping; the parent of ``lru_mingru_sep_lam08``."""
+_LONG_SEP: dict[str, Any] = {**_LONG_SEGMENTS, "config": {**_LONG_SEGMENTS["config"], "separate_critic": True}}
+"""``lru_mingru_long_sep``: ``_LONG_SEGMENTS`` with a critic of its own; the parent of ``lru_mingru_long_sep_lam08``."""
 
 R2AC_METHODS: dict[str, dict[str, Any]] = {
     "rtrl": {"method": "rtrl", "cell": "elstm"},
@@ -429,28 +438,17 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
     # popgym.yaml keeps that weight at 0.1 for the policy's sake, and control wants a good critic (lru_mingru_long:
     # 0.5). With time-limit bootstrapping (POPGym's episodes end terminated, so there it changes nothing). Set before
     # any run of it, and run on every held-out env with a rule fixed beforehand; session 19
-    "lru_mingru_sep": {
-        "method": "rtrl", **_LRU_MINGRU,
-        "r2ac": {**_LRU_MINGRU["r2ac"], "baseline_cost": 0.5, "bootstrap_truncation": True},
-        "config": {**_LRU_MINGRU["config"], "separate_critic": True},
-    },
+    "lru_mingru_sep": _SEP,
     # both of the last two: lru_mingru_long's segments and passes (best of R2AC's settings on the CartPoles) with
     # lru_mingru_sep's critic of its own (popgym.yaml: best on the memory tasks), so the long setting's value-loss
     # weight of 0.5 no longer shapes the policy's core (its BattleshipEasy collapse). Set before any run of it, with a
     # rule for what follows (session 21)
-    "lru_mingru_long_sep": {**_LONG_SEGMENTS, "config": {**_LONG_SEGMENTS["config"], "separate_critic": True}},
+    "lru_mingru_long_sep": _LONG_SEP,
     # the last two with V-trace's traces cut at lambda = 0.8 (R2ACConfig.trace_lambda; on-policy, GAE 0.8's targets):
     # the short GAE of rl-zoo's recipe and of RecurrentPPO's best CountRecallEasy setting, which R2AC lacked. Set
     # before any run of them, with a rule for what follows (session 23)
-    "lru_mingru_sep_lam08": {
-        "method": "rtrl", **_LRU_MINGRU,
-        "r2ac": {**_LRU_MINGRU["r2ac"], "baseline_cost": 0.5, "bootstrap_truncation": True, "trace_lambda": 0.8},
-        "config": {**_LRU_MINGRU["config"], "separate_critic": True},
-    },
-    "lru_mingru_long_sep_lam08": {
-        **_LONG_SEGMENTS, "r2ac": {**_LONG_SEGMENTS["r2ac"], "trace_lambda": 0.8},
-        "config": {**_LONG_SEGMENTS["config"], "separate_critic": True},
-    },
+    "lru_mingru_sep_lam08": {**_SEP, "r2ac": {**_SEP["r2ac"], "trace_lambda": 0.8}},
+    "lru_mingru_long_sep_lam08": {**_LONG_SEP, "r2ac": {**_LONG_SEP["r2ac"], "trace_lambda": 0.8}},
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},

@@ -28,7 +28,8 @@ def vtrace(
     """V-trace value targets and policy-gradient advantages on time-major (T, B) tensors.
 
     With ``rho_t = pi(a_t|x_t) / mu(a_t|x_t)``, ``rho-bar_t = min(clip_rho, rho_t)``,
-    ``c_t = lambda min(clip_c, rho_t)`` (``lambda = trace_lambda``, Espeholt et al.'s remark 2: 1 is plain V-trace) and ``delta_t = rho-bar_t (r_t + gamma_t V(x_{t+1}) - V(x_t))``::
+    ``c_t = lambda min(clip_c, rho_t)`` (``lambda = trace_lambda``, Espeholt et al.'s remark 2: 1 is plain V-trace)
+    and ``delta_t = rho-bar_t (r_t + gamma_t V(x_{t+1}) - V(x_t))``::
 
         v_s   = V(x_s) + sum_{k >= s} (prod_{i=s}^{k-1} gamma_i c_i) delta_k
         adv_s = min(clip_pg_rho, rho_s) (r_s + gamma_s v_{s+1} - V(x_s))
