@@ -45,8 +45,8 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   PositionOnlyPendulumEasy ConcentrationEasy``; not run by default): POPGym envs on which no setting of any arm was
   chosen, for the POPGym configs (``lru_mixed_passes``, ``lru_mixed_norm_ent3``, ``lru_mixed_norm_pg``, then
   ``lru_mingru_pg``, then ``lru_mingru_sep``) against RecurrentPPO; a third batch named in session 18, a fourth
-  in session 19, a fifth in session 21, run in session 22, and a sixth in session 23, run for
-  ``lru_mingru_sep`` alone (``HELD_OUT`` lists all).
+  in session 19, a fifth in session 21, run in session 22, a sixth in session 23, run for ``lru_mingru_sep``
+  alone, and a seventh in session 24 (``HELD_OUT`` lists all).
 - **A critic of its own** (``lru_mingru_sep``, not run by default; ``examples/configs/popgym.yaml`` since session
   19): ``lru_mingru_pg`` with ``separate_critic`` (a stem and core each for the policy and the value head),
   value-loss weight 0.5 and time-limit bootstrapping; set before any run and chosen over ``lru_mingru_pg`` by a rule
@@ -59,6 +59,11 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   with V-trace's traces cut at lambda = 0.8 (``R2ACConfig.trace_lambda``; on-policy these are GAE 0.8's targets, the
   lambda of rl-zoo's recipe and of RecurrentPPO's best CountRecallEasy setting); set before any run, with a rule
   (session 23); both failed its gates (each worse than its parent on one env), so neither ran held out.
+- **Normalised observations with long segments** (``lru_mingru_long_sep_obs``, not run by default):
+  ``lru_mingru_long_sep`` with ``obs_norm``, after seed-0 probes on PositionOnlyCartPoleMedium; set with a rule
+  before its suite runs (session 24). It lifted PositionOnlyCartPoleMedium (0.933 against 0.858) but was above its
+  parent on 2 of the 4 control envs, not the 3 its gate asked, so it cannot replace ``popgym.yaml``; a second rule
+  ran it on the seventh held-out batch as evidence.
 - **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3 ppo_lstm_zoo ...``, not run by
   default): ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), rl-zoo's whole tuned
   CartPoleNoVel recipe on every env, and session 17's sweep of one change at a time around the defaults and the
