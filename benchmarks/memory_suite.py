@@ -62,8 +62,9 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
 - **Normalised observations with long segments** (``lru_mingru_long_sep_obs``, not run by default):
   ``lru_mingru_long_sep`` with ``obs_norm``, after seed-0 probes on PositionOnlyCartPoleMedium; set with a rule
   before its suite runs (session 24). It lifted PositionOnlyCartPoleMedium (0.933 against 0.858) but was above its
-  parent on 2 of the 4 control envs, not the 3 its gate asked, so it cannot replace ``popgym.yaml``; a second rule
-  ran it on the seventh held-out batch as evidence.
+  parent on 2 of the 4 control envs, not the 3 its gate asked, so it cannot replace ``popgym.yaml``. A second rule
+  ran it on the seventh held-out batch: one win (PositionOnlyPendulumHard), two ties, no loss, so by that rule it is
+  ``examples/configs/long_segments.yaml`` since session 24 (``lru_mingru_long`` was before).
 - **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3 ppo_lstm_zoo ...``, not run by
   default): ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), rl-zoo's whole tuned
   CartPoleNoVel recipe on every env, and session 17's sweep of one change at a time around the defaults and the
@@ -531,7 +532,7 @@ SHIPPED_POPGYM_ARM = "lru_mingru_sep"
 SHIPPED_CONFIGS: dict[str, tuple[str, str, float]] = {
     "popgym.yaml": ("RepeatPreviousEasy", SHIPPED_POPGYM_ARM, 1.0),
     "cartpole_novel.yaml": ("CartPoleNoVel", "lru_mingru_ent3_boot", 3.0),
-    "long_segments.yaml": ("PositionOnlyPendulumEasy", "lru_mingru_long", 1.0),
+    "long_segments.yaml": ("PositionOnlyPendulumEasy", "lru_mingru_long_sep_obs", 1.0),
 }
 """Each config in ``examples/configs/`` that packages an arm: its env, the arm and the budget scale it ran at."""
 NAMED_ONLY = ENV_SPECIFIC + CANDIDATES + ABLATION + list(SB3_TUNING)

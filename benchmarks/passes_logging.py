@@ -7,11 +7,11 @@ before (``R2AC.log_step`` swapped for the base class's), for each setting below,
 seconds per 1,000 agent steps and the ratio ``every/last``:
 
 - ``popgym.yaml``: 4 passes per segment of M = 4 steps;
-- ``long``: ``long_segments.yaml``, the POPGym core (one network for policy and value) with M 32 and 10 passes in 4
-  minibatches.
+- ``long``: ``long_segments.yaml``, the POPGym core with M 32 and 10 passes in 4 minibatches.
 
-Session 18's figures (docs/results.md, CHANGELOG) were measured when ``popgym.yaml`` had one shared network; since
-session 19 it has a network each for the policy and the value (``separate_critic``).
+Session 18's figures (docs/results.md, CHANGELOG) were measured when both configs had one shared network; since
+session 19 ``popgym.yaml``, and since session 24 ``long_segments.yaml`` (which also normalises its observations), has
+a network each for the policy and the value (``separate_critic``).
 
 Usage::
 

@@ -171,7 +171,8 @@ def test_the_cartpole_config_trains_its_stack_with_truncations_bootstrapped(tmp_
 
 def test_the_long_segments_config_trains_its_minibatched_passes_on_the_pendulum(tmp_path):
     """long_segments.yaml as shipped, tiny (4 streams, so each of its 4 minibatches holds one): continuous actions,
-    10 passes over each segment in 4 minibatches, time-limit bootstrapping, end to end."""
+    10 passes over each segment in 4 minibatches, time-limit bootstrapping, a critic of its own and normalised
+    observations, end to end."""
     pytest.importorskip("popgym")
     from onlinerec.rl.runner import parse_experiment, run_experiment
 
@@ -182,6 +183,7 @@ def test_the_long_segments_config_trains_its_minibatched_passes_on_the_pendulum(
          "false", "--log_every", "1"]
     )  # fmt: skip
     assert cfg.r2ac.passes == 40 and cfg.r2ac.bootstrap_truncation and cfg.env == "popgym:PositionOnlyPendulumEasy"
+    assert cfg.separate_critic and cfg.r2ac.obs_norm
     run_experiment(cfg)
     check_outputs(out, 64)
 
