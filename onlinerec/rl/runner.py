@@ -443,8 +443,12 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     (out / "eval.json").write_text(json.dumps(result, indent=2))
     try:
         plot_learning_curves({cfg.method: [out]}, out / "learning_curve.png", title=f"R2AC on {cfg.env}")
-    except ValueError:
-        pass  # no episode finished yet: nothing to plot
+        written = "logs, checkpoints and learning_curve.png"
+    except ValueError:  # no return logged yet (no episode finished, or fewer segments than log_every): nothing to plot
+        written = (
+            f"logs and checkpoints (no learning_curve.png: no episode return was logged; lower --log_every, "
+            f"{cfg.log_every} segments now, or train longer)"
+        )
     summary = f"frames {result['frames']:,}  updates {result['updates']}"
     if "eval" in result:
         ev, kind = result["eval"], "greedy" if cfg.eval_greedy else "sampled"
@@ -456,7 +460,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
                 f"{cfg.eval_episodes} finished within eval_max_steps={cfg.eval_max_steps} agent steps: raise "
                 "--eval_max_steps" + (" (or --eval_greedy false: a greedy policy can stall)" if cfg.eval_greedy else "")
             )
-    print(summary, f"\nlogs, checkpoints and learning_curve.png in {out}", flush=True)
+    print(summary, f"\n{written} in {out}", flush=True)
     return result
 
 

@@ -174,3 +174,18 @@ def test_separate_critic_trains_checkpoints_both_cores_and_resumes(tmp_path):
     off = [a for a in args if a not in ("--separate_critic", "true")]
     with pytest.raises(RunFolderError, match=r"network differs from this one \(separate_critic\)"):
         run_experiment(parse_experiment([*off, "--total_frames", "48"]))
+
+
+def test_the_closing_line_names_only_what_was_written(tmp_path, capsys):
+    """A run shorter than ``log_every`` segments logs no return, so it has no learning curve: the runner says so and
+    how to get one, instead of pointing at a file that is not there."""
+    short = parse_experiment([*TINY, "--total_frames", "16", "--log_every", "10", "--out_dir", str(tmp_path / "short")])
+    run_experiment(short)
+    said = capsys.readouterr().out
+    assert not (tmp_path / "short" / "learning_curve.png").exists()
+    assert "no learning_curve.png" in said and "--log_every" in said
+    long = parse_experiment([*TINY, "--total_frames", "256", "--log_every", "1", "--out_dir", str(tmp_path / "long")])
+    run_experiment(long)
+    said = capsys.readouterr().out
+    assert (tmp_path / "long" / "learning_curve.png").exists()
+    assert "logs, checkpoints and learning_curve.png in" in said
