@@ -64,7 +64,8 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   before its suite runs (session 24). It lifted PositionOnlyCartPoleMedium (0.933 against 0.858) but was above its
   parent on 2 of the 4 control envs, not the 3 its gate asked, so it cannot replace ``popgym.yaml``. A second rule
   ran it on the seventh held-out batch: one win (PositionOnlyPendulumHard), two ties, no loss, so by that rule it is
-  ``examples/configs/long_segments.yaml`` since session 24 (``lru_mingru_long`` was before).
+  ``examples/configs/long_segments.yaml`` since session 24 (``lru_mingru_long`` was before). Run afterwards on the
+  suite's POPGym envs as evidence only, it loses CountRecallEasy to ``popgym.yaml`` (-0.608 against -0.562).
 - **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3 ppo_lstm_zoo ...``, not run by
   default): ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), rl-zoo's whole tuned
   CartPoleNoVel recipe on every env, and session 17's sweep of one change at a time around the defaults and the
