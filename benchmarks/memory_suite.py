@@ -276,8 +276,8 @@ _LONG_SEGMENTS: dict[str, Any] = {
     "r2ac": {**_LRU_MINGRU["r2ac"], "epochs": 10, "minibatches": 4, "bootstrap_truncation": True, "baseline_cost": 0.5},
     "config": {**_LRU_MINGRU["config"], "M": 32},
 }  # fmt: skip
-"""``lru_mingru_long`` (``examples/configs/long_segments.yaml``): 32-step segments, 10 passes in 4 minibatches, the
-control weights; ``lru_mingru_long_sep`` adds a critic of its own."""
+"""``lru_mingru_long`` (``examples/configs/long_segments.yaml`` until session 24): 32-step segments, 10 passes in 4
+minibatches, the control weights; ``lru_mingru_long_sep`` adds a critic of its own."""
 _SEP: dict[str, Any] = {
     "method": "rtrl", **_LRU_MINGRU,
     "r2ac": {**_LRU_MINGRU["r2ac"], "baseline_cost": 0.5, "bootstrap_truncation": True},
@@ -286,7 +286,8 @@ _SEP: dict[str, Any] = {
 """``lru_mingru_sep`` (``examples/configs/popgym.yaml``): a critic of its own, value-loss weight 0.5, time-limit
 bootstrapping; the parent of ``lru_mingru_sep_lam08``."""
 _LONG_SEP: dict[str, Any] = {**_LONG_SEGMENTS, "config": {**_LONG_SEGMENTS["config"], "separate_critic": True}}
-"""``lru_mingru_long_sep``: ``_LONG_SEGMENTS`` with a critic of its own; the parent of ``lru_mingru_long_sep_lam08``."""
+"""``lru_mingru_long_sep``: ``_LONG_SEGMENTS`` with a critic of its own; the parent of ``lru_mingru_long_sep_lam08``
+and ``lru_mingru_long_sep_obs`` (``examples/configs/long_segments.yaml`` since session 24)."""
 
 R2AC_METHODS: dict[str, dict[str, Any]] = {
     "rtrl": {"method": "rtrl", "cell": "elstm"},
