@@ -46,7 +46,7 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   chosen, for the POPGym configs (``lru_mixed_passes``, ``lru_mixed_norm_ent3``, ``lru_mixed_norm_pg``, then
   ``lru_mingru_pg``, then ``lru_mingru_sep``) against RecurrentPPO; a third batch named in session 18, a fourth
   in session 19, a fifth in session 21, run in session 22, a sixth in session 23, run for ``lru_mingru_sep``
-  alone, and a seventh in session 24 (``HELD_OUT`` lists all).
+  alone, a seventh in session 24 and an eighth in session 25 (``HELD_OUT`` lists all).
 - **A critic of its own** (``lru_mingru_sep``, not run by default; ``examples/configs/popgym.yaml`` since session
   19): ``lru_mingru_pg`` with ``separate_critic`` (a stem and core each for the policy and the value head),
   value-loss weight 0.5 and time-limit bootstrapping; set before any run and chosen over ``lru_mingru_pg`` by a rule
@@ -238,6 +238,14 @@ ENVS: dict[str, EnvSpec] = {
     "ConcentrationMedium": _popgym("ConcentrationMedium", -0.183),
     "PositionOnlyCartPoleHard": _popgym("PositionOnlyCartPoleHard", 0.036),
     "PositionOnlyPendulumHard": _popgym("PositionOnlyPendulumHard", 0.261),
+    # an eighth held-out batch, named in session 25 by the rule for lru_mingru_long_sep_obs_cont and before any run on
+    # them: the next two envs of popgym.envs.ALL that no arm had run on (the maze's episodes run over 1,000 steps, so
+    # a shorter window, as for the Easy mazes), and the next two partially observed control envs in that order that
+    # no arm had run on; random returns measured as above
+    "MineSweeperMedium": _popgym("MineSweeperMedium", -0.403),
+    "LabyrinthExploreMedium": _popgym("LabyrinthExploreMedium", -0.66, window=32),
+    "VelocityOnlyCartPoleHard": _popgym("VelocityOnlyCartPoleHard", 0.038),
+    "NoisyPositionOnlyCartPoleHard": _popgym("NoisyPositionOnlyCartPoleHard", 0.111),
 }  # fmt: skip
 HELD_OUT = [
     "AutoencodeEasy", "MultiarmedBanditEasy", "BattleshipEasy", "MineSweeperEasy", "HigherLowerEasy",
@@ -247,6 +255,7 @@ HELD_OUT = [
     "PositionOnlyCartPoleMedium", "PositionOnlyPendulumMedium", "VelocityOnlyCartPoleMedium",
     "NoisyPositionOnlyCartPoleMedium", "NoisyPositionOnlyPendulumMedium", "MultiarmedBanditMedium", "HigherLowerMedium",
     "BattleshipMedium", "ConcentrationMedium", "PositionOnlyCartPoleHard", "PositionOnlyPendulumHard",
+    "MineSweeperMedium", "LabyrinthExploreMedium", "VelocityOnlyCartPoleHard", "NoisyPositionOnlyCartPoleHard",
 ]  # fmt: skip
 """Envs no setting was chosen on; not part of the default suite (``--envs`` names them)."""
 
@@ -468,6 +477,13 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
     # smaller. Chosen after seed-0 probes on PositionOnlyCartPoleMedium (0.967 against 0.807); set with a rule for
     # what follows before its suite runs (session 24)
     "lru_mingru_long_sep_obs": {**_LONG_SEP, "r2ac": {**_LONG_SEP["r2ac"], "obs_norm": True}},
+    # the last with the one-hot features left as they are (obs_norm_skip_binary): every POPGym memory game's
+    # observation is one-hot codes and every control env's is continuous, so on the former this arm computes exactly
+    # lru_mingru_long_sep and on the latter exactly lru_mingru_long_sep_obs; for one config on memory and control,
+    # after lru_mingru_long_sep_obs lost CountRecallEasy (-0.608 against its parent's -0.563); session 25
+    "lru_mingru_long_sep_obs_cont": {
+        **_LONG_SEP, "r2ac": {**_LONG_SEP["r2ac"], "obs_norm": True, "obs_norm_skip_binary": True},
+    },
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},
@@ -526,7 +542,7 @@ CANDIDATES = [
     "lru_mingru_ent3_boot", "lru_mingru_bc5", "lru_mingru_pg_raw", "lru_mingru_bc5_raw",
     "lru_mingru_raw_ent2", "lru_mingru_grid_raw", "lru_mingru_pg_raw_m16", "lru_mingru_pg_boot",
     "lru_mingru_vdetach", "lru_mingru_pg_raw_m16_e2", "lru_mingru_long", "lru_mingru_sep",
-    "lru_mingru_sep_lam08", "lru_mingru_long_sep_lam08", "lru_mingru_long_sep_obs",
+    "lru_mingru_sep_lam08", "lru_mingru_long_sep_lam08", "lru_mingru_long_sep_obs", "lru_mingru_long_sep_obs_cont",
 ]  # fmt: skip
 """Candidates for one setting on every env, run only when named (``--methods``)."""
 SHIPPED_POPGYM_ARM = "lru_mingru_sep"

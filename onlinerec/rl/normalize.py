@@ -95,21 +95,32 @@ class ReturnNormalizer(RunningMeanStd):
 class ObservationNormalizer(RunningMeanStd):
     """Per-feature running mean and variance of vector observations (``R2ACConfig.obs_norm``; the observation half of
     sb3's ``VecNormalize``): :meth:`forward` gives ``clip((obs - mean) / std, -clip, clip)`` in the observation's
-    float dtype.
+    float dtype, except on the features ``keep`` marks, which pass through unchanged (cast to that dtype).
 
     Args:
         shape: one observation's shape.
         clip: bound of the normalised observation (sb3's ``clip_obs`` is 10); <= 0: no clipping.
+        keep: a bool mask of ``shape``: features left as they are (``R2ACConfig.obs_norm_skip_binary``: one-hot
+            codes). None: normalise every feature. Statistics are kept for every feature either way, so the
+            checkpointed buffers are the same with or without it; the mask itself is rebuilt from the settings.
     """
 
-    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8) -> None:
+    def __init__(
+        self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8, keep: Tensor | None = None
+    ) -> None:
         super().__init__(shape, eps)
         self.clip = float(clip)
+        if keep is not None and tuple(keep.shape) != self.shape:
+            raise ValueError(f"keep must be a mask of the observation's shape {self.shape}, got {tuple(keep.shape)}.")
+        self.keep: Tensor | None
+        self.register_buffer("keep", None if keep is None else keep.to(torch.bool), persistent=False)
 
     def forward(self, obs: Tensor) -> Tensor:
         dtype = obs.dtype if obs.is_floating_point() else torch.float32
         out = (obs.to(dtype) - self.mean.to(dtype)) / self.std.to(dtype)
-        return out.clamp(-self.clip, self.clip) if self.clip > 0 else out
+        out = out.clamp(-self.clip, self.clip) if self.clip > 0 else out
+        return out if self.keep is None else torch.where(self.keep, obs.to(dtype), out)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, clip={self.clip}"
+        kept = "" if self.keep is None else f", kept={int(self.keep.sum())}"
+        return f"{super().extra_repr()}, clip={self.clip}{kept}"

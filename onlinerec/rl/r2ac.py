@@ -110,6 +110,13 @@ class R2ACConfig:
     normalisation. For flat vector observations only: image stems scale their pixels themselves."""
     obs_clip: float = 10.0
     """Bound of the normalised observations under ``obs_norm`` (sb3's ``clip_obs``); <= 0: no clipping."""
+    obs_norm_skip_binary: bool = False
+    """Under ``obs_norm``, leave as they are the features that the observation space bounds to exactly [0, 1]: the
+    one-hot codes of flattened Discrete / MultiDiscrete parts (every ``popgym:`` memory game, and the previous action
+    that some carry), and flags; only the other features are normalised. Normalised, a one-hot feature that is on a
+    tenth of the time becomes 3.0 or -0.33, so the stem's inputs grow with the number of categories. Needs the
+    observation space's bounds (``observation_space=``; the RL runner passes it). False: every feature is
+    normalised (sb3's ``VecNormalize``)."""
     advantage_norm: bool = False
     """Normalise the policy-gradient advantages of every optimiser step to mean 0 and standard deviation 1 over its
     M x B entries ((A - mean) / (std + 1e-8), population std; this process's streams under DDP)."""
@@ -324,7 +331,7 @@ class R2AC(OnlineRecurrentModule):
         self.observation_space_spec = obs_spec
         self.num_actions: int | None = action_spec["n"] if action_spec["type"] == "Discrete" else None
         self.obs_shape = obs_shape
-        self.obs_normalizer = self._obs_normalizer(obs_shape)
+        self.obs_normalizer = self._obs_normalizer(obs_shape, obs_spec)
         self._schedule_total: int | None = None  # the LR schedule's length, set by configure_optimizers
         self.stem: nn.Module = self._make_stem(obs_spec, obs_shape, stem, fc_size)
         self.critic_stem: nn.Module | None = None
@@ -356,9 +363,10 @@ class R2AC(OnlineRecurrentModule):
             return DictStem(obs_spec, fc_size, image_stem=stem)  # per key; or an HWC image
         return make_stem(stem, obs_shape, fc_size)
 
-    def _obs_normalizer(self, obs_shape: Any) -> ObservationNormalizer | None:
+    def _obs_normalizer(self, obs_shape: Any, obs_spec: dict[str, Any] | None) -> ObservationNormalizer | None:
         """``obs_norm``'s running statistics, after checking that the observations are flat vectors (not images, not
-        Dict/Tuple observations, whose ``obs_shape`` is None)."""
+        Dict/Tuple observations, whose ``obs_shape`` is None); with ``obs_norm_skip_binary``, the mask of the
+        features whose bounds are [0, 1]."""
         if not self.config.obs_norm:
             return None
         if obs_shape is None or len(obs_shape) != 1:
@@ -368,7 +376,9 @@ class R2AC(OnlineRecurrentModule):
                 "scale their pixels themselves: leave obs_norm off; for other observations normalise in the env "
                 "(env_kwargs vector_wrappers=[{class_path: gymnasium.wrappers.vector.NormalizeObservation}])."
             )
-        return ObservationNormalizer(tuple(obs_shape), clip=self.config.obs_clip)
+        keep = _unit_bounded(obs_spec, tuple(obs_shape)) if self.config.obs_norm_skip_binary else None
+        keep = keep if keep is not None and bool(keep.any()) else None  # nothing to keep: plain obs_norm, exactly
+        return ObservationNormalizer(tuple(obs_shape), clip=self.config.obs_clip, keep=keep)
 
     @classmethod
     def from_spaces(cls, observation_space: Any, action_space: Any, **kwargs: Any) -> R2AC:
@@ -831,6 +841,18 @@ def _action_spec(num_actions: int | None, action_space: Any) -> dict[str, Any]:
     if num_actions is not None and (spec["type"] != "Discrete" or int(spec["n"]) != int(num_actions)):
         raise ValueError(f"num_actions={num_actions} contradicts action_space={spec}; pass one of them.")
     return spec
+
+
+def _unit_bounded(obs_spec: dict[str, Any] | None, shape: tuple[int, ...]) -> Tensor:
+    """The features a Box observation space bounds to exactly [0, 1] (``R2ACConfig.obs_norm_skip_binary``)."""
+    if obs_spec is None:
+        raise ValueError(
+            "R2ACConfig.obs_norm_skip_binary reads the observation space's bounds, but this R2AC was built from "
+            "obs_shape alone: build it with observation_space= (R2AC.from_spaces), or set obs_norm_skip_binary=False."
+        )
+    low = torch.as_tensor(obs_spec["low"], dtype=torch.float64).broadcast_to(shape)
+    high = torch.as_tensor(obs_spec["high"], dtype=torch.float64).broadcast_to(shape)
+    return (low == 0) & (high == 1)
 
 
 def _observation_spec(

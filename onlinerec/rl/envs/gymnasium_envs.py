@@ -163,13 +163,16 @@ MEMORY_INSTALL = "pip install 'onlinerec[memory]'  (popgym and minigrid)"
 
 
 class _FlatObs(gymnasium.ObservationWrapper):
-    """Flatten any (Discrete / MultiDiscrete / Tuple / Box) observation into a float32 vector."""
+    """Flatten any (Discrete / MultiDiscrete / Tuple / Box) observation into a float32 vector. The flat space keeps
+    gymnasium's ``flatten_space`` bounds: [0, 1] on the one-hot codes of the discrete parts, a Box part's own bounds
+    elsewhere (``R2ACConfig.obs_norm_skip_binary`` reads them)."""
 
     def __init__(self, env):
         super().__init__(env)
         self._space = env.observation_space
-        dim = spaces.flatdim(self._space)
-        self.observation_space = spaces.Box(-np.inf, np.inf, shape=(dim,), dtype=np.float32)
+        flat = spaces.flatten_space(self._space)
+        low, high = (np.asarray(b, dtype=np.float32) for b in (flat.low, flat.high))
+        self.observation_space = spaces.Box(low, high, shape=low.shape, dtype=np.float32)
 
     def observation(self, obs):
         return np.asarray(spaces.flatten(self._space, obs), dtype=np.float32)
