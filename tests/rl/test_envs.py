@@ -577,6 +577,22 @@ def test_popgym_envs_that_need_the_previous_action_get_it():
         make_vector_env("popgym:MultiarmedBanditEasy", 1, prev_actoin=False)  # a typo names itself
 
 
+def test_popgym_flat_observations_keep_the_bounds_of_their_parts():
+    """One-hot codes of the discrete parts are bounded to [0, 1] (``R2ACConfig.obs_norm_skip_binary`` reads that), a
+    Box part keeps its own bounds, and every observation lies inside the flat space."""
+    pytest.importorskip("popgym")
+    bandit = make_vector_env("popgym:MultiarmedBanditEasy", 2, seed=0)  # payout one-hot + previous action one-hot
+    space = bandit.single_observation_space
+    assert space.low.tolist() == [0.0] * 12 and space.high.tolist() == [1.0] * 12
+    cartpole = make_vector_env("popgym:PositionOnlyCartPoleEasy", 2, seed=0).single_observation_space
+    np.testing.assert_allclose(cartpole.high, [4.8, 0.41887903], rtol=1e-6)
+    np.testing.assert_array_equal(cartpole.low, -cartpole.high)
+    obs, _ = bandit.reset()
+    for _ in range(5):
+        assert all(space.contains(o) for o in obs)
+        obs, *_ = bandit.step(np.array([1, 4]))
+
+
 def test_minigrid_memory():
     pytest.importorskip("minigrid")
     env = make_vector_env("MiniGrid-MemoryS7-v0", 2, seed=0)

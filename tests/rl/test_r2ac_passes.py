@@ -10,7 +10,9 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+import gymnasium
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -616,6 +618,66 @@ def test_obs_norm_exports_with_the_statistics_at_export_time(tmp_path):
     torch.testing.assert_close(got, want)
     _, plain = tiny(R2ACConfig()).act(obs, reward, reset, stream="check")  # same weights (seed), no normalisation
     assert not torch.allclose(want, plain)
+
+
+def flat_space(low, high):
+    return gymnasium.spaces.Box(np.array(low, np.float32), np.array(high, np.float32))
+
+
+def test_obs_norm_skip_binary_passes_features_bounded_to_0_1_and_normalises_the_rest():
+    norm = ObservationNormalizer((3,), clip=0.0, keep=torch.tensor([True, False, False]))
+    norm.mean.copy_(torch.tensor([0.5, 2.0, -1.0]))
+    norm.var.fill_(4.0)
+    obs = torch.tensor([[1.0, 4.0, 1.0], [0.0, 0.0, -1.0]])
+    assert norm(obs).tolist() == [[1.0, 1.0, 1.0], [0.0, -1.0, 0.0]]
+    assert set(norm.state_dict()) == set(ObservationNormalizer((3,)).state_dict())  # checkpoints keep their keys
+    with pytest.raises(ValueError, match=r"keep must be a mask of the observation's shape \(3,\)"):
+        ObservationNormalizer((3,), keep=torch.tensor([True, False]))
+
+    cfg = R2ACConfig(obs_norm=True, obs_norm_skip_binary=True)
+    mixed = flat_space([0, 0, 0, -4.8, -np.inf], [1, 1, 1, 4.8, np.inf])  # a one-hot of 3, then two continuous
+    model = R2AC.from_spaces(mixed, gymnasium.spaces.Discrete(2), cell="elstm", hidden_size=N, fc_size=5, config=cfg)
+    assert model.obs_normalizer.keep.tolist() == [True, True, True, False, False]
+    continuous = flat_space([-1, -4.8], [1, 4.8])  # nothing to keep: plain obs_norm
+    model = R2AC.from_spaces(continuous, gymnasium.spaces.Discrete(2), cell="elstm", hidden_size=N, config=cfg)
+    assert model.obs_normalizer.keep is None
+
+
+def test_obs_norm_skip_binary_on_one_hot_observations_is_no_normalisation_exactly():
+    """Every POPGym memory game's observation is one-hot codes: there the agent computes what it computes without
+    obs_norm, bit for bit, whatever the statistics."""
+    one_hot, action = flat_space([0] * 4, [1] * 4), gymnasium.spaces.Discrete(2)
+    models = []
+    for cfg in (R2ACConfig(obs_norm=True, obs_norm_skip_binary=True), R2ACConfig()):
+        torch.manual_seed(0)
+        models.append(R2AC.from_spaces(one_hot, action, cell="elstm", hidden_size=N, stem="mlp", fc_size=5, config=cfg))
+    skipping, plain = models
+    skipping.obs_normalizer.update(torch.rand(10, 4) * 7)
+    obs = torch.eye(4)[torch.randint(0, 4, (2, 3))]
+    reward = torch.randn(2, 3)
+    assert torch.equal(skipping.features(obs, reward), plain.features(obs, reward))
+
+
+def test_obs_norm_skip_binary_exports_with_its_mask(tmp_path):
+    mixed, action = flat_space([0, 0, -5], [1, 1, 5]), gymnasium.spaces.Discrete(2)
+    cfg = R2ACConfig(obs_norm=True, obs_norm_skip_binary=True)
+    model = R2AC.from_spaces(mixed, action, cell="elstm", hidden_size=N, stem="mlp", fc_size=5, config=cfg)
+    model.obs_normalizer.mean.copy_(torch.tensor([0.3, 0.3, 2.0]))
+    model.obs_normalizer.var.fill_(9.0)
+    policy = torch.jit.load(str(model.export(tmp_path / "p.pt", output="params")))
+    obs, reset, reward = (
+        torch.tensor([[1.0, 0.0, 4.0], [0.0, 1.0, -3.0]]),
+        torch.ones(2, dtype=torch.bool),
+        torch.ones(2),
+    )
+    got, _ = policy(obs, reset, policy.initial_state(2), reward)
+    _, want = model.act(obs, reward, reset, stream="check")
+    torch.testing.assert_close(got, want)
+
+
+def test_obs_norm_skip_binary_needs_the_spaces_bounds():
+    with pytest.raises(ValueError, match=r"built from obs_shape alone: build it with observation_space="):
+        tiny(R2ACConfig(obs_norm=True, obs_norm_skip_binary=True))
 
 
 # -- advantages, reductions, PPO's ratio -------------------------------------------------------------------------------
