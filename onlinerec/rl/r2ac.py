@@ -177,6 +177,11 @@ class R2ACConfig:
             )
         if self.optimizer not in ("rmsprop", "adam"):
             raise ValueError(f"R2ACConfig.optimizer must be 'rmsprop' or 'adam', got {self.optimizer!r}.")
+        if self.obs_norm_skip_binary and not self.obs_norm:
+            raise ValueError(
+                "R2ACConfig.obs_norm_skip_binary=True only says which features obs_norm leaves alone, and obs_norm is "
+                "off: set obs_norm=True as well (--r2ac.obs_norm true), or drop obs_norm_skip_binary."
+            )
         if self.entropy_cost_final is not None and not self.entropy_cost_final >= 0:
             raise ValueError(
                 f"R2ACConfig.entropy_cost_final must be a number >= 0 (the entropy cost at the end of training) or "

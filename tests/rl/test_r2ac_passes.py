@@ -761,6 +761,7 @@ def test_adam_and_the_epsilons_reach_the_optimizer():
         ({"optimizer": "sgd"}, r"optimizer must be 'rmsprop' or 'adam', got 'sgd'"),
         ({"trace_lambda": 1.2}, r"trace_lambda must be a number in \[0, 1\] .*got 1.2"),
         ({"trace_lambda": "0.8"}, r"trace_lambda must be a number in \[0, 1\]"),
+        ({"obs_norm_skip_binary": True}, r"obs_norm is off: set obs_norm=True as well"),
     ],
 )
 def test_bad_values_are_refused_with_their_fix(fields, match):
