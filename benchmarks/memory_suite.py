@@ -66,6 +66,11 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   ran it on the seventh held-out batch: one win (PositionOnlyPendulumHard), two ties, no loss, so by that rule it is
   ``examples/configs/long_segments.yaml`` since session 24 (``lru_mingru_long`` was before). Run afterwards on the
   suite's POPGym envs as evidence only, it loses CountRecallEasy to ``popgym.yaml`` (-0.608 against -0.562).
+- **One-hot codes left alone** (``lru_mingru_long_sep_obs_cont``, not run by default): ``lru_mingru_long_sep_obs``
+  with ``obs_norm_skip_binary``. POPGym's memory games observe only one-hot codes and its control envs only
+  continuous features, so it computes exactly ``lru_mingru_long_sep`` on the former and ``lru_mingru_long_sep_obs``
+  on the latter (weights bit-identical after 8,192 steps); set with a rule before any run on the eighth held-out
+  batch (session 25).
 - **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3 ppo_lstm_zoo ...``, not run by
   default): ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), rl-zoo's whole tuned
   CartPoleNoVel recipe on every env, and session 17's sweep of one change at a time around the defaults and the
