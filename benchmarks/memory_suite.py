@@ -70,7 +70,8 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   with ``obs_norm_skip_binary``. POPGym's memory games observe only one-hot codes and its control envs only
   continuous features, so it computes exactly ``lru_mingru_long_sep`` on the former and ``lru_mingru_long_sep_obs``
   on the latter (weights bit-identical after 8,192 steps); set with a rule before any run on the eighth held-out
-  batch (session 25).
+  batch (session 25). There it tied three envs and lost NoisyPositionOnlyCartPoleHard (0.170 against 0.198), so by
+  that rule nothing ships.
 - **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3 ppo_lstm_zoo ...``, not run by
   default): ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), rl-zoo's whole tuned
   CartPoleNoVel recipe on every env, and session 17's sweep of one change at a time around the defaults and the
