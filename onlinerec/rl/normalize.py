@@ -116,10 +116,10 @@ class ObservationNormalizer(RunningMeanStd):
         self.register_buffer("keep", None if keep is None else keep.to(torch.bool), persistent=False)
 
     def forward(self, obs: Tensor) -> Tensor:
-        dtype = obs.dtype if obs.is_floating_point() else torch.float32
-        out = (obs.to(dtype) - self.mean.to(dtype)) / self.std.to(dtype)
+        x = obs.to(obs.dtype if obs.is_floating_point() else torch.float32)
+        out = (x - self.mean.to(x.dtype)) / self.std.to(x.dtype)
         out = out.clamp(-self.clip, self.clip) if self.clip > 0 else out
-        return out if self.keep is None else torch.where(self.keep, obs.to(dtype), out)
+        return out if self.keep is None else torch.where(self.keep, x, out)
 
     def extra_repr(self) -> str:
         kept = "" if self.keep is None else f", kept={int(self.keep.sum())}"

@@ -855,9 +855,8 @@ def _unit_bounded(obs_spec: dict[str, Any] | None, shape: tuple[int, ...]) -> Te
             "R2ACConfig.obs_norm_skip_binary reads the observation space's bounds, but this R2AC was built from "
             "obs_shape alone: build it with observation_space= (R2AC.from_spaces), or set obs_norm_skip_binary=False."
         )
-    low = torch.as_tensor(obs_spec["low"], dtype=torch.float64).broadcast_to(shape)
-    high = torch.as_tensor(obs_spec["high"], dtype=torch.float64).broadcast_to(shape)
-    return (low == 0) & (high == 1)
+    space = space_from_spec(obs_spec)  # the one reader of the spec's bounds (a scalar or one per feature)
+    return torch.from_numpy((space.low == 0) & (space.high == 1)).reshape(shape)
 
 
 def _observation_spec(
