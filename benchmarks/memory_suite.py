@@ -72,6 +72,9 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   on the latter (weights bit-identical after 8,192 steps); set with a rule before any run on the eighth held-out
   batch (session 25). There it tied three envs and lost NoisyPositionOnlyCartPoleHard (0.170 against 0.198), so by
   that rule nothing ships.
+- **Shorter segments with ten passes** (``lru_mingru_m8_sep_obs_cont``, ``lru_mingru_m16_sep_obs_cont``, not run by
+  default): the last at M = 8 (2 minibatches) and M = 16; seed-0 probes on LabyrinthExploreMedium under a rule
+  (session 26) ended at 0.089 and -0.120, below its bar of 0.5, so neither ran again.
 - **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3 ppo_lstm_zoo ...``, not run by
   default): ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), rl-zoo's whole tuned
   CartPoleNoVel recipe on every env, and session 17's sweep of one change at a time around the defaults and the
