@@ -551,8 +551,10 @@ def test_popgym_repeat_previous():
         np.testing.assert_array_equal(info["episode_end"], term | trunc)
         ended |= info["episode_end"].any()
     assert ended
-    with pytest.raises(ValueError, match="unknown POPGym env"):
+    with pytest.raises(ValueError, match="unknown POPGym env 'Nope'; available"):  # nothing close: no guess
         make_vector_env("popgym:Nope", 1)
+    with pytest.raises(ValueError, match="did you mean 'RepeatPreviousHard'"):  # a typo names the fix
+        make_vector_env("popgym:RepeatPreviousHrd", 1)
     assert num_actions("popgym:BattleshipEasy") == 64  # MultiDiscrete([8, 8]) flattened
 
 
@@ -602,3 +604,5 @@ def test_minigrid_memory():
     obs, *_ = env.step(np.zeros(2, dtype=np.int64))
     env = make_vector_env("minigrid:MiniGrid-MemoryS7-v0", 1, seed=0, pixels=True)
     assert env.reset()[0].shape == (1, 3, 56, 56)
+    with pytest.raises(ValueError, match="did you mean 'MiniGrid-MemoryS7-v0'"):
+        make_vector_env("minigrid:MiniGrid-MemoryS7-v9", 1)

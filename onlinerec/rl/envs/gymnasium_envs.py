@@ -30,6 +30,7 @@ onlinerec's own flattening / channels-first adapters), each given as ``{"class_p
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Sequence
 from typing import Any, Callable
@@ -280,6 +281,12 @@ def make_gymnasium(
     return vectorize([fn] * num_envs, seed=seed, env_id=env_id, vectorization=vectorization)
 
 
+def _did_you_mean(name: str, candidates: Sequence[str]) -> str:
+    """" (did you mean 'X'?)" for the closest of ``candidates`` to a misspelt env name, else ""."""
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _popgym_class(name: str):
     try:
         import popgym.envs as penvs
@@ -287,7 +294,7 @@ def _popgym_class(name: str):
         raise MissingBackendError(f"POPGym envs need popgym: {MEMORY_INSTALL}") from e
     names = sorted(c.__name__ for c in penvs.ALL)
     if name not in names:
-        raise ValueError(f"unknown POPGym env {name!r}; available: {', '.join(names)}")
+        raise ValueError(f"unknown POPGym env {name!r}{_did_you_mean(name, names)}; available: {', '.join(names)}")
     return getattr(penvs, name)
 
 
@@ -356,7 +363,10 @@ def make_minigrid(
         raise MissingBackendError(f"MiniGrid envs need minigrid: {MEMORY_INSTALL}") from e
     if name not in gymnasium.registry:
         known = sorted(k for k in gymnasium.registry if k.startswith("MiniGrid-Memory"))
-        raise ValueError(f"unknown MiniGrid env {name!r}; memory tasks: {', '.join(known)}")
+        minigrid_ids = [k for k in gymnasium.registry if k.startswith("MiniGrid-")]
+        raise ValueError(
+            f"unknown MiniGrid env {name!r}{_did_you_mean(name, minigrid_ids)}; memory tasks: {', '.join(known)}"
+        )
 
     def fn():
         env = apply_wrappers(gymnasium.make(name, **make_kwargs), wrappers)
