@@ -315,6 +315,11 @@ bootstrapping; the parent of ``lru_mingru_sep_lam08``."""
 _LONG_SEP: dict[str, Any] = {**_LONG_SEGMENTS, "config": {**_LONG_SEGMENTS["config"], "separate_critic": True}}
 """``lru_mingru_long_sep``: ``_LONG_SEGMENTS`` with a critic of its own; the parent of ``lru_mingru_long_sep_lam08``
 and ``lru_mingru_long_sep_obs`` (``examples/configs/long_segments.yaml`` since session 24)."""
+_LONG_SEP_OBS_CONT: dict[str, Any] = {
+    **_LONG_SEP, "r2ac": {**_LONG_SEP["r2ac"], "obs_norm": True, "obs_norm_skip_binary": True},
+}  # fmt: skip
+"""``lru_mingru_long_sep_obs_cont``: ``_LONG_SEP`` with the continuous features normalised and one-hot codes left
+alone; the parent of the shorter-segment arms (session 26)."""
 
 R2AC_METHODS: dict[str, dict[str, Any]] = {
     "rtrl": {"method": "rtrl", "cell": "elstm"},
@@ -499,22 +504,17 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
     # observation is one-hot codes and every control env's is continuous, so on the former this arm computes exactly
     # lru_mingru_long_sep and on the latter exactly lru_mingru_long_sep_obs; for one config on memory and control,
     # after lru_mingru_long_sep_obs lost CountRecallEasy (-0.608 against its parent's -0.563); session 25
-    "lru_mingru_long_sep_obs_cont": {
-        **_LONG_SEP, "r2ac": {**_LONG_SEP["r2ac"], "obs_norm": True, "obs_norm_skip_binary": True},
-    },
+    "lru_mingru_long_sep_obs_cont": _LONG_SEP_OBS_CONT,
     # lru_mingru_long_sep_obs_cont with shorter segments, the same 10 passes: on LabyrinthExploreMedium its clip
     # fraction stayed at 0.2-0.46 and its entropy near 0.5 while popgym.yaml (4-step segments) fell to 0.06 and
     # learnt the maze, so the clip may cap how far the policy moves per 512-step segment; 8 and 16 steps let it move
     # 4 and 2 times as often per frame at the same passes per frame. Seed-0 probes on LabyrinthExploreMedium and
     # PositionOnlyCartPoleMedium (both seen); session 26
     "lru_mingru_m8_sep_obs_cont": {
-        **_LONG_SEP, "r2ac": {**_LONG_SEP["r2ac"], "obs_norm": True, "obs_norm_skip_binary": True, "minibatches": 2},
-        "config": {**_LONG_SEP["config"], "M": 8},
+        **_LONG_SEP_OBS_CONT, "r2ac": {**_LONG_SEP_OBS_CONT["r2ac"], "minibatches": 2},
+        "config": {**_LONG_SEP_OBS_CONT["config"], "M": 8},
     },
-    "lru_mingru_m16_sep_obs_cont": {
-        **_LONG_SEP, "r2ac": {**_LONG_SEP["r2ac"], "obs_norm": True, "obs_norm_skip_binary": True},
-        "config": {**_LONG_SEP["config"], "M": 16},
-    },
+    "lru_mingru_m16_sep_obs_cont": {**_LONG_SEP_OBS_CONT, "config": {**_LONG_SEP_OBS_CONT["config"], "M": 16}},
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},

@@ -282,7 +282,7 @@ def make_gymnasium(
 
 
 def _did_you_mean(name: str, candidates: Sequence[str]) -> str:
-    """ " (did you mean 'X'?)" for the closest of ``candidates`` to a misspelt env name, else ""."""
+    """A hint naming the closest of ``candidates`` to a misspelt env name (empty when none is close)."""
     close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
