@@ -46,7 +46,8 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   chosen, for the POPGym configs (``lru_mixed_passes``, ``lru_mixed_norm_ent3``, ``lru_mixed_norm_pg``, then
   ``lru_mingru_pg``, then ``lru_mingru_sep``) against RecurrentPPO; a third batch named in session 18, a fourth
   in session 19, a fifth in session 21, run in session 22, a sixth in session 23, run for ``lru_mingru_sep``
-  alone, a seventh in session 24 and an eighth in session 25 (``HELD_OUT`` lists all).
+  alone, a seventh in session 24, an eighth in session 25, a ninth in session 26 and a tenth in session 27
+  (``HELD_OUT`` lists all).
 - **A critic of its own** (``lru_mingru_sep``, not run by default; ``examples/configs/popgym.yaml`` since session
   19): ``lru_mingru_pg`` with ``separate_critic`` (a stem and core each for the policy and the value head),
   value-loss weight 0.5 and time-limit bootstrapping; set before any run and chosen over ``lru_mingru_pg`` by a rule
@@ -75,6 +76,11 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
 - **Shorter segments with ten passes** (``lru_mingru_m8_sep_obs_cont``, ``lru_mingru_m16_sep_obs_cont``, not run by
   default): the last at M = 8 (2 minibatches) and M = 16; seed-0 probes on LabyrinthExploreMedium under a rule
   (session 26) ended at 0.089 and -0.120, below its bar of 0.5, so neither ran again.
+- **Four passes over long segments** (``lru_mingru_long4_sep_obs_cont``, ``lru_mingru_long4mb8_sep_obs_cont``, not run
+  by default): ``lru_mingru_long_sep_obs_cont`` with 4 passes in 4 minibatches, then in 8 minibatches of 2 streams;
+  each set with a rule before any run (session 27). The first lost CountRecallEasy to ``popgym.yaml`` (-0.641 against
+  -0.562), the second counted level (-0.559) and missed the maze bar (LabyrinthExploreMedium -0.053 against 0.5), so
+  neither ran held out.
 - **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3 ppo_lstm_zoo ...``, not run by
   default): ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), rl-zoo's whole tuned
   CartPoleNoVel recipe on every env, and session 17's sweep of one change at a time around the defaults and the
