@@ -1101,13 +1101,29 @@ def figure(records: list[dict[str, Any]], envs: list[str], methods: list[str], p
     plt.close(fig)
 
 
+def one_of(kind: str, names: list[str]):
+    """An argparse ``type`` that accepts one of ``names`` and names the closest one for a misspelt name (``choices``
+    alone lists all of them with no hint)."""
+    from onlinerec.rl.envs.gymnasium_envs import _did_you_mean
+
+    def parse(name: str) -> str:
+        if name not in names:
+            raise argparse.ArgumentTypeError(f"unknown {kind} {name!r}{_did_you_mean(name, names)}; --help lists them")
+        return name
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run every job that has no JSON yet, then report")
     run.add_argument("--out", default="runs/memory_suite")
-    run.add_argument("--envs", nargs="+", default=[e for e in ENVS if e not in HELD_OUT], choices=list(ENVS))
-    run.add_argument("--methods", nargs="+", default=METHODS, choices=[*METHODS, *NAMED_ONLY])
+    envs, methods = list(ENVS), [*METHODS, *NAMED_ONLY]
+    run.add_argument(
+        "--envs", nargs="+", default=[e for e in ENVS if e not in HELD_OUT], choices=envs, type=one_of("env", envs)
+    )
+    run.add_argument("--methods", nargs="+", default=METHODS, choices=methods, type=one_of("arm", methods))
     run.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     run.add_argument("--jobs", type=int, default=2)
     run.add_argument("--budget-scale", type=float, default=1.0, help="multiply every env's agent-step budget")
@@ -1116,11 +1132,17 @@ def main(argv: list[str] | None = None) -> int:
     rep = sub.add_parser("report", help="aggregate table and figure of the finished runs")
     rep.add_argument("--out", default="runs/memory_suite")
     one = sub.add_parser("sb3", help="one RecurrentPPO run (what `run` calls)")
-    one.add_argument("--env", required=True, choices=list(ENVS))
+    one.add_argument("--env", required=True, choices=envs, type=one_of("env", envs))
     one.add_argument("--seed", type=int, required=True)
     one.add_argument("--steps", type=int, default=None)
     one.add_argument("--json", required=True)
-    one.add_argument("--variant", default="ppo_lstm", choices=list(SB3_ARMS), help="a tuning run's change")
+    one.add_argument(
+        "--variant",
+        default="ppo_lstm",
+        choices=list(SB3_ARMS),
+        type=one_of("arm", list(SB3_ARMS)),
+        help="a tuning run's change",
+    )
     args = parser.parse_args(argv)
     if args.command == "run":
         if args.preview:

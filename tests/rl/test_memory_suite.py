@@ -207,3 +207,17 @@ def test_every_r2ac_arm_is_a_valid_onlinerec_rl_config(method, tmp_path):
     cfg = suite.r2ac_config("CountRecallEasy", method, 0, tmp_path, 1000)
     parsed = parse_as_onlinerec_rl(cfg, tmp_path)  # an unknown option or a bad value raises here
     assert parsed.M == cfg["M"] and all(getattr(parsed.r2ac, k) == v for k, v in cfg["r2ac"].items())
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (["run", "--envs", "CountRecalHard"], "unknown env 'CountRecalHard' (did you mean 'CountRecallHard'?)"),
+        (["run", "--methods", "lru_mingru_sepp"], "unknown arm 'lru_mingru_sepp' (did you mean 'lru_mingru_sep'?)"),
+        (["sb3", "--env", "RepeatFirstEsy", "--seed", "0", "--json", "x.json"], "did you mean 'RepeatFirstEasy'"),
+    ],
+)
+def test_a_misspelt_env_or_arm_names_the_closest(args, hint, capsys):
+    with pytest.raises(SystemExit):  # refused before any run, with the closest name rather than 70 choices alone
+        suite.main(args)
+    assert hint in capsys.readouterr().err
