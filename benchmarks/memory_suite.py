@@ -1104,11 +1104,11 @@ def figure(records: list[dict[str, Any]], envs: list[str], methods: list[str], p
 def one_of(kind: str, names: list[str]):
     """An argparse ``type`` that accepts one of ``names`` and names the closest one for a misspelt name (``choices``
     alone lists all of them with no hint)."""
-    from onlinerec.rl.envs.gymnasium_envs import _did_you_mean
+    from onlinerec.rl.envs.gymnasium_envs import did_you_mean
 
     def parse(name: str) -> str:
         if name not in names:
-            raise argparse.ArgumentTypeError(f"unknown {kind} {name!r}{_did_you_mean(name, names)}; --help lists them")
+            raise argparse.ArgumentTypeError(f"unknown {kind} {name!r}{did_you_mean(name, names)}; --help lists them")
         return name
 
     return parse
@@ -1119,7 +1119,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run every job that has no JSON yet, then report")
     run.add_argument("--out", default="runs/memory_suite")
-    envs, methods = list(ENVS), [*METHODS, *NAMED_ONLY]
+    envs, methods, variants = list(ENVS), [*METHODS, *NAMED_ONLY], list(SB3_ARMS)
     run.add_argument(
         "--envs", nargs="+", default=[e for e in ENVS if e not in HELD_OUT], choices=envs, type=one_of("env", envs)
     )
@@ -1137,11 +1137,7 @@ def main(argv: list[str] | None = None) -> int:
     one.add_argument("--steps", type=int, default=None)
     one.add_argument("--json", required=True)
     one.add_argument(
-        "--variant",
-        default="ppo_lstm",
-        choices=list(SB3_ARMS),
-        type=one_of("arm", list(SB3_ARMS)),
-        help="a tuning run's change",
+        "--variant", default="ppo_lstm", choices=variants, type=one_of("arm", variants), help="a tuning run's change"
     )
     args = parser.parse_args(argv)
     if args.command == "run":

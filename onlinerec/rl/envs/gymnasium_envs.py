@@ -281,8 +281,9 @@ def make_gymnasium(
     return vectorize([fn] * num_envs, seed=seed, env_id=env_id, vectorization=vectorization)
 
 
-def _did_you_mean(name: str, candidates: Sequence[str]) -> str:
-    """A hint naming the closest of ``candidates`` to a misspelt env name (empty when none is close)."""
+def did_you_mean(name: str, candidates: Sequence[str]) -> str:
+    """A hint naming the closest of ``candidates`` to a misspelt name (empty when none is close); the env adapters and
+    the memory suite's command line use it."""
     close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -294,7 +295,7 @@ def _popgym_class(name: str):
         raise MissingBackendError(f"POPGym envs need popgym: {MEMORY_INSTALL}") from e
     names = sorted(c.__name__ for c in penvs.ALL)
     if name not in names:
-        raise ValueError(f"unknown POPGym env {name!r}{_did_you_mean(name, names)}; available: {', '.join(names)}")
+        raise ValueError(f"unknown POPGym env {name!r}{did_you_mean(name, names)}; available: {', '.join(names)}")
     return getattr(penvs, name)
 
 
@@ -365,7 +366,7 @@ def make_minigrid(
         known = sorted(k for k in gymnasium.registry if k.startswith("MiniGrid-Memory"))
         minigrid_ids = [k for k in gymnasium.registry if k.startswith("MiniGrid-")]
         raise ValueError(
-            f"unknown MiniGrid env {name!r}{_did_you_mean(name, minigrid_ids)}; memory tasks: {', '.join(known)}"
+            f"unknown MiniGrid env {name!r}{did_you_mean(name, minigrid_ids)}; memory tasks: {', '.join(known)}"
         )
 
     def fn():
