@@ -81,6 +81,10 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   each set with a rule before any run (session 27). The first lost CountRecallEasy to ``popgym.yaml`` (-0.641 against
   -0.562), the second counted level (-0.559) and missed the maze bar (LabyrinthExploreMedium -0.053 against 0.5), so
   neither ran held out.
+- **``popgym.yaml`` with continuous features normalised** (``lru_mingru_sep_obs_cont``, not run by default):
+  ``lru_mingru_sep`` with ``obs_norm`` and ``obs_norm_skip_binary``, so exactly ``lru_mingru_sep`` on every POPGym
+  memory game and ``lru_mingru_sep`` with normalised observations on every control env; set with a rule before any
+  run (session 28).
 - **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3 ppo_lstm_zoo ...``, not run by
   default): ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), rl-zoo's whole tuned
   CartPoleNoVel recipe on every env, and session 17's sweep of one change at a time around the defaults and the
@@ -541,6 +545,11 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
     "lru_mingru_long4mb8_sep_obs_cont": {
         **_LONG_SEP_OBS_CONT, "r2ac": {**_LONG_SEP_OBS_CONT["r2ac"], "epochs": 4, "minibatches": 8},
     },
+    # popgym.yaml with the continuous features normalised and one-hot codes left alone (obs_norm_skip_binary): every
+    # POPGym memory game observes one-hot codes only, so there it computes exactly lru_mingru_sep, and on the control
+    # envs, where popgym.yaml loses 13 of 15, it adds the obs_norm that lifted long segments' CartPole; after session
+    # 27 found no long-segment setting that counts and learns the maze. Set with a rule before any run (session 28)
+    "lru_mingru_sep_obs_cont": {**_SEP, "r2ac": {**_SEP["r2ac"], "obs_norm": True, "obs_norm_skip_binary": True}},
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},
@@ -601,7 +610,7 @@ CANDIDATES = [
     "lru_mingru_vdetach", "lru_mingru_pg_raw_m16_e2", "lru_mingru_long", "lru_mingru_sep",
     "lru_mingru_sep_lam08", "lru_mingru_long_sep_lam08", "lru_mingru_long_sep_obs", "lru_mingru_long_sep_obs_cont",
     "lru_mingru_m8_sep_obs_cont", "lru_mingru_m16_sep_obs_cont", "lru_mingru_long4_sep_obs_cont",
-    "lru_mingru_long4mb8_sep_obs_cont",
+    "lru_mingru_long4mb8_sep_obs_cont", "lru_mingru_sep_obs_cont",
 ]  # fmt: skip
 """Candidates for one setting on every env, run only when named (``--methods``)."""
 SHIPPED_POPGYM_ARM = "lru_mingru_sep"
