@@ -595,6 +595,21 @@ def test_popgym_flat_observations_keep_the_bounds_of_their_parts():
         obs, *_ = bandit.step(np.array([1, 4]))
 
 
+def test_popgym_memory_games_observe_only_unit_bounded_features_and_control_envs_none():
+    """What makes ``obs_norm_skip_binary`` exactly no normalisation on every POPGym memory game (the memory suite's
+    ``*_obs_cont`` arms rest on it) and plain ``obs_norm`` on every partially observed control env."""
+    popgym = pytest.importorskip("popgym")
+    control = tuple(f"{body}{level}" for body in ("CartPole", "Pendulum") for level in ("Easy", "Medium", "Hard"))
+    kinds = {True: 0, False: 0}
+    for cls in popgym.envs.ALL:
+        space = make_vector_env(f"popgym:{cls.__name__}", 1, seed=0).single_observation_space
+        unit = (space.low == 0) & (space.high == 1)
+        is_control = cls.__name__.endswith(control)
+        assert not unit.any() if is_control else unit.all(), cls.__name__
+        kinds[is_control] += 1
+    assert kinds == {True: 15, False: 33}  # 5 control tasks and 11 memory games, 3 levels each
+
+
 def test_minigrid_memory():
     pytest.importorskip("minigrid")
     env = make_vector_env("MiniGrid-MemoryS7-v0", 2, seed=0)
