@@ -46,8 +46,8 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   chosen, for the POPGym configs (``lru_mixed_passes``, ``lru_mixed_norm_ent3``, ``lru_mixed_norm_pg``, then
   ``lru_mingru_pg``, then ``lru_mingru_sep``) against RecurrentPPO; a third batch named in session 18, a fourth
   in session 19, a fifth in session 21, run in session 22, a sixth in session 23, run for ``lru_mingru_sep``
-  alone, a seventh in session 24, an eighth in session 25, a ninth in session 26 and a tenth in session 27
-  (``HELD_OUT`` lists all).
+  alone, a seventh in session 24, an eighth in session 25, a ninth in session 26, a tenth in session 27 and an
+  eleventh, POPGym's last five, in session 28 (``HELD_OUT`` lists all).
 - **A critic of its own** (``lru_mingru_sep``, not run by default; ``examples/configs/popgym.yaml`` since session
   19): ``lru_mingru_pg`` with ``separate_critic`` (a stem and core each for the policy and the value head),
   value-loss weight 0.5 and time-limit bootstrapping; set before any run and chosen over ``lru_mingru_pg`` by a rule
@@ -280,6 +280,14 @@ ENVS: dict[str, EnvSpec] = {
     "CountRecallHard": _popgym("CountRecallHard", -0.884),
     "MultiarmedBanditHard": _popgym("MultiarmedBanditHard", 0.013, window=32),
     "HigherLowerHard": _popgym("HigherLowerHard", -0.002),
+    # an eleventh held-out batch, named in session 28 with the rule for lru_mingru_sep_obs_cont and before any run on
+    # them: the last five envs of popgym.envs.ALL that no arm had run on, all memory games (the mazes' episodes run
+    # about 1,000 steps, so a shorter window); random returns measured as above
+    "BattleshipHard": _popgym("BattleshipHard", -0.381),
+    "ConcentrationHard": _popgym("ConcentrationHard", -0.842),
+    "MineSweeperHard": _popgym("MineSweeperHard", -0.431),
+    "LabyrinthExploreHard": _popgym("LabyrinthExploreHard", -0.747, window=32),
+    "LabyrinthEscapeHard": _popgym("LabyrinthEscapeHard", -0.904, window=32),
 }  # fmt: skip
 HELD_OUT = [
     "AutoencodeEasy", "MultiarmedBanditEasy", "BattleshipEasy", "MineSweeperEasy", "HigherLowerEasy",
@@ -292,6 +300,7 @@ HELD_OUT = [
     "MineSweeperMedium", "LabyrinthExploreMedium", "VelocityOnlyCartPoleHard", "NoisyPositionOnlyCartPoleHard",
     "LabyrinthEscapeMedium", "AutoencodeHard", "RepeatPreviousHard", "NoisyPositionOnlyPendulumHard",
     "RepeatFirstHard", "CountRecallHard", "MultiarmedBanditHard", "HigherLowerHard",
+    "BattleshipHard", "ConcentrationHard", "MineSweeperHard", "LabyrinthExploreHard", "LabyrinthEscapeHard",
 ]  # fmt: skip
 """Envs no setting was chosen on; not part of the default suite (``--envs`` names them)."""
 
