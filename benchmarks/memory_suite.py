@@ -622,7 +622,7 @@ CANDIDATES = [
     "lru_mingru_long4mb8_sep_obs_cont", "lru_mingru_sep_obs_cont",
 ]  # fmt: skip
 """Candidates for one setting on every env, run only when named (``--methods``)."""
-SHIPPED_POPGYM_ARM = "lru_mingru_sep"
+SHIPPED_POPGYM_ARM = "lru_mingru_sep_obs_cont"
 """The arm that ``examples/configs/popgym.yaml`` packages (a test keeps them equal)."""
 SHIPPED_CONFIGS: dict[str, tuple[str, str, float]] = {
     "popgym.yaml": ("RepeatPreviousEasy", SHIPPED_POPGYM_ARM, 1.0),
