@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import sys
 import time
 import warnings
@@ -325,6 +326,11 @@ _ARCHITECTURE = {
 another value cannot be continued."""
 
 
+def _cli_value(value: Any) -> str:
+    """``value`` as the command line takes it back: strings as they are, anything else as (quoted) JSON."""
+    return value if isinstance(value, str) else shlex.quote(json.dumps(value))
+
+
 def resume_point(cfg: ExperimentConfig, out: Path) -> Path | None:
     """The checkpoint to resume from (None: start fresh), after refusing what would mix or overwrite experiments."""
     from onlinerec.training.checkpoint import verify_checkpoint_file
@@ -343,10 +349,13 @@ def resume_point(cfg: ExperimentConfig, out: Path) -> Path | None:
         changes = config_changes(json.loads(stored.read_text()), cfg)
         reshaped = sorted(k for k in changes if k in _ARCHITECTURE or k.split(".")[0] in _ARCHITECTURE)
         if reshaped:  # refused with or without --allow_config_change: the checkpoint's weights cannot be loaded
+            trained_with = " ".join(f"--{k} {_cli_value(changes[k][0])}" for k in reshaped)
             raise RunFolderError(
                 f"{out} holds a run whose network differs from this one ({', '.join(reshaped)}): its checkpoint's "
-                "weights do not fit, so it cannot be continued, not even with --allow_config_change (that is for "
-                "training settings such as M, lr or total_frames). Give this run its own --out_dir."
+                "weights do not fit, so it cannot be continued with these settings, not even with "
+                "--allow_config_change (that is for training settings such as M, lr or total_frames). To continue "
+                f"it, give back what it was trained with ({trained_with}); to start this run, give it its own "
+                "--out_dir."
             )
         if changes and not cfg.allow_config_change:
             listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in ((k, *v) for k, v in changes.items()))

@@ -218,7 +218,8 @@ def test_a_resume_continues_only_the_same_experiment(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("error: ") and "Traceback" not in err and "--out_dir" in err
 
-    with pytest.raises(ValueError, match=r"network differs from this one \(core_norm, hidden_size\).*own --out_dir"):
+    trained_with = r"give back what it was trained with \(--core_norm false --hidden_size \d+\); .* own --out_dir"
+    with pytest.raises(ValueError, match=r"network differs from this one \(core_norm, hidden_size\).*" + trained_with):
         run_experiment(
             parse_experiment(
                 [*base, *shared, "--hidden_size", "5", "--core_norm", "true", "--allow_config_change", "true"]
