@@ -180,8 +180,8 @@ class R2ACConfig:
         if self.obs_norm_skip_binary and not self.obs_norm:
             raise ValueError(
                 "R2ACConfig.obs_norm_skip_binary=True only says which features obs_norm leaves alone, and obs_norm is "
-                "off: set obs_norm=True as well (--r2ac.obs_norm true), or drop obs_norm_skip_binary (--r2ac.obs_norm_skip_binary "
-                "false)."
+                "off: set obs_norm=True as well (--r2ac.obs_norm true), or drop obs_norm_skip_binary "
+                "(--r2ac.obs_norm_skip_binary false)."
             )
         if self.entropy_cost_final is not None and not self.entropy_cost_final >= 0:
             raise ValueError(
