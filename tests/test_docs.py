@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,37 @@ def test_every_docs_reference_in_the_code_resolves():
             if not target.exists() or (anchor and anchor not in anchors(target)):
                 missing.append(f"{path.relative_to(ROOT)}: docs/{page}#{anchor}")
     assert CITING and not missing, missing
+
+
+def load_heldout_table():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("heldout_table", ROOT / "benchmarks" / "heldout_table.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["heldout_table"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_heldout_table_follows_its_rule():
+    """results.md's held-out table: every verdict is the rule's on its numbers, and the tallies count those verdicts."""
+    table = load_heldout_table()
+    text = (DOCS / "results.md").read_text()
+    rows = table.read_rows(text)
+    assert len(rows) >= 41 and any(row.control for row in rows) and any(row.seen for row in rows)
+    assert table.check(text) == []
+
+
+def test_heldout_table_check_finds_a_wrong_verdict_and_tally():
+    table = load_heldout_table()
+    assert table.verdict((0.50, 0.01), (0.485, 0.001)) == "tie"  # within the 0.02 floor
+    assert table.verdict((0.50, 0.01), (0.47, 0.001)) == "win"
+    assert table.verdict((0.40, 0.05), (0.50, 0.04)) == "loss"
+    text = (DOCS / "results.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| RepeatPreviousHard ("))
+    assert "| **win** |" in row
+    wrong = text.replace(row, row.replace("| **win** |", "| tie |"))
+    problems = table.check(wrong)
+    assert any("RepeatPreviousHard: the table says tie, the rule gives win" in p for p in problems), problems
+    tally = re.search(r"Over these \d+ envs `popgym.yaml` has \*\*\d+ wins", text).group(0)
+    assert any("tally paragraph" in p for p in table.check(text.replace(tally, tally.replace("wins", "wins,"))))
