@@ -48,27 +48,27 @@ def verdict(ours: tuple[float, float], theirs: tuple[float, float]) -> str:
     return "win" if gap > tolerance else "loss" if gap < -tolerance else "tie"
 
 
-def section(text: str) -> str:
+def section(text: str, source: Path = RESULTS) -> str:
     """The "At a glance" section's text, up to the next heading."""
     start = text.find(HEADING)
     if start < 0:
-        raise SystemExit(f"{RESULTS}: no heading starting {HEADING!r}; was it renamed?")
+        raise SystemExit(f"{source}: no heading starting {HEADING!r} (give the results file with --results)")
     end = text.find("\n### ", start + len(HEADING))
     return text[start : end if end > 0 else len(text)]
 
 
-def read_rows(text: str) -> list[Row]:
+def read_rows(text: str, source: Path = RESULTS) -> list[Row]:
     rows = []
     pattern = re.compile(
         rf"^\| (\w+)( \(control\))?( †)? \({NUM}\) \| {NUM} ± {NUM} \| {NUM} ± {NUM} \((?:defaults|recipe)\) \| "
         r"\**(win|tie|loss)\** \|"
     )
-    for line in section(text).splitlines():
+    for line in section(text, source).splitlines():
         if not line.startswith("| ") or line.startswith("| env ") or line.startswith("|---"):
             continue
         match = pattern.match(line)
         if match is None:
-            raise SystemExit(f"{RESULTS}: a row of the held-out table does not parse:\n{line}")
+            raise SystemExit(f"{source}: a row of the held-out table does not parse:\n{line}")
         env, control, seen, rnd, om, os_, tm, ts, said = match.groups()
         rows.append(
             Row(env, bool(control), bool(seen), number(rnd), (number(om), number(os_)), (number(tm), number(ts)), said)
@@ -96,15 +96,15 @@ def phrase(count: Counter) -> str:
     return f"{count['win']} wins, {count['tie']} ties, {count['loss']} losses"
 
 
-def check(text: str) -> list[str]:
+def check(text: str, source: Path = RESULTS) -> list[str]:
     """Every way the table disagrees with the rule or with its tally paragraph, as messages (empty: consistent)."""
-    rows, problems = read_rows(text), []
+    rows, problems = read_rows(text, source), []
     for row in rows:
         if verdict(row.ours, row.theirs) != row.verdict:
             problems.append(f"{row.env}: the table says {row.verdict}, the rule gives {verdict(row.ours, row.theirs)}")
     names = [row.env for row in rows]
     problems += [f"{env}: listed twice" for env, n in Counter(names).items() if n > 1]
-    counts, glance = tallies(rows), section(text)
+    counts, glance = tallies(rows), section(text, source)
     wins, ties, losses = (counts["all"][v] for v in ("win", "tie", "loss"))
     expected = f"Over these {len(rows)} envs `popgym.yaml` has **{wins} wins, {ties} ties and {losses} losses**"
     if expected not in glance:
@@ -162,10 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, help="also draw the table to this PNG")
     args = parser.parse_args(argv)
     text = args.results.read_text()
-    rows = read_rows(text)
+    rows = read_rows(text, args.results)
     for kind, count in tallies(rows).items():
         print(f"{kind}: {phrase(count)} ({sum(count.values())} envs)")
-    problems = check(text)
+    problems = check(text, args.results)
     for problem in problems:
         print("MISMATCH", problem)
     if args.plot:
