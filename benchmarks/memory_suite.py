@@ -47,7 +47,8 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   ``lru_mingru_pg``, then ``lru_mingru_sep``) against RecurrentPPO; a third batch named in session 18, a fourth
   in session 19, a fifth in session 21, run in session 22, a sixth in session 23, run for ``lru_mingru_sep``
   alone, a seventh in session 24, an eighth in session 25, a ninth in session 26, a tenth in session 27 and an
-  eleventh, POPGym's last five, in session 28 (``HELD_OUT`` lists all).
+  eleventh, POPGym's last five, in session 28, finished in session 29 (``HELD_OUT`` lists all;
+  ``benchmarks/heldout_table.py`` checks docs/results.md's table of them).
 - **A critic of its own** (``lru_mingru_sep``, not run by default; ``examples/configs/popgym.yaml`` in sessions
   19-27): ``lru_mingru_pg`` with ``separate_critic`` (a stem and core each for the policy and the value head),
   value-loss weight 0.5 and time-limit bootstrapping; set before any run and chosen over ``lru_mingru_pg`` by a rule
