@@ -140,7 +140,7 @@ def plot(rows: list[Row], out: Path) -> None:
                 ha="right", va="top", fontsize=7, style="italic")  # fmt: skip
         ax.text(1.0, first_control - 0.6, "memory games", transform=ax.get_yaxis_transform(), ha="right",
                 va="bottom", fontsize=7, style="italic")  # fmt: skip
-    ax.set_xlabel("final return: last 100 training episodes, mean ± std of 3 seeds, 100,000 steps")
+    ax.set_xlabel("final return (last 100 training episodes; 32-50 on long ones): mean ± std of 3 seeds, 100,000 steps")
     ax.grid(axis="x", alpha=0.3)
     handles = [
         plt.Line2D([], [], marker="o", ls="", color="tab:blue", label="popgym.yaml (R2AC-RTRL)"),
