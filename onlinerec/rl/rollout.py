@@ -479,6 +479,19 @@ class _SegmentDataset(IterableDataset):
             yield dm.next_segment()
 
 
+class _RolloutLoader(DataLoader):
+    """The training loader, resumable in Lightning's sense (it has ``state_dict`` / ``load_state_dict``), so a run
+    resumed mid-epoch gets no "dataloader is not resumable" warning. Its position needs no restoring: a resumed run
+    starts its env streams afresh on seeds of their own (an env's state cannot be saved; docs/envs.md#seeds), and the
+    frame count comes from :meth:`RolloutDataModule.load_state_dict`."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
+
+
 class RolloutDataModule(L.LightningDataModule):
     """Streams :class:`RolloutSegment` s of M + 1 entries from ``num_envs`` env streams, acting in the training
     process with the module's current weights (see the module docstring for the timing and carry conventions).
@@ -625,7 +638,7 @@ class RolloutDataModule(L.LightningDataModule):
             passes = getattr(getattr(trainer.lightning_module, "config", None), "passes", 1)
             length = math.ceil(trainer.max_steps / passes)
         length = 1000 if length is None else length
-        return DataLoader(_SegmentDataset(self, int(length)), batch_size=None, num_workers=0)
+        return _RolloutLoader(_SegmentDataset(self, int(length)), batch_size=None, num_workers=0)
 
     def teardown(self, stage: str) -> None:
         if self.stream is not None:
