@@ -1,7 +1,12 @@
-"""What several test modules share: a relative error, the boring model, a quiet trainer."""
+"""What several test modules share: a relative error, the boring model, a quiet trainer, a benchmark script as a
+module."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import lightning as L
@@ -58,3 +63,16 @@ def tiny_copy_task_fit(root_dir: Any, steps: int, level: int, train_size: int, v
         "--data.init_args.val_size", str(val_size), "--data.init_args.num_streams", "2",
         "--model.init_args.hidden_size", "4",
     ]  # fmt: skip
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` imported as the module ``name`` (the scripts are not a package), once per process."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(
+        name, Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up there, and class paths name it
+    spec.loader.exec_module(module)
+    return module

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -60,13 +59,9 @@ def test_every_docs_reference_in_the_code_resolves():
 
 
 def load_heldout_table():
-    import importlib.util
+    from tests.helpers import load_benchmark
 
-    spec = importlib.util.spec_from_file_location("heldout_table", ROOT / "benchmarks" / "heldout_table.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["heldout_table"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("heldout_table")
 
 
 def test_heldout_table_follows_its_rule():

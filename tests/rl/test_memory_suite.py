@@ -3,19 +3,15 @@ the scores are what docs/results.md says, and the RecurrentPPO arm acts in onlin
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "memory_suite.py"
-spec = importlib.util.spec_from_file_location("memory_suite", PATH)
-suite = importlib.util.module_from_spec(spec)
-sys.modules.setdefault("memory_suite", suite)  # dataclasses look their module up there
-spec.loader.exec_module(suite)
+from tests.helpers import load_benchmark
+
+suite = load_benchmark("memory_suite")
 
 
 def test_scores_final_mmer_auc():

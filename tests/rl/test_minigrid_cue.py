@@ -4,22 +4,18 @@ trained run."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.helpers import load_benchmark
+
 pytest.importorskip("minigrid")
 
-PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "minigrid_cue.py"
-spec = importlib.util.spec_from_file_location("minigrid_cue", PATH)
-cue = importlib.util.module_from_spec(spec)
-sys.modules.setdefault("minigrid_cue", cue)  # so that wrappers can name minigrid_cue.CueInView by class path
-spec.loader.exec_module(cue)
+cue = load_benchmark("minigrid_cue")  # registered as minigrid_cue, so wrappers can name minigrid_cue.CueInView
 
 
 def test_a_policy_that_remembers_the_cue_succeeds_whenever_it_saw_it():
