@@ -87,6 +87,10 @@ several ``run`` processes may share one ``--out`` (each job is claimed with a lo
   memory game and ``lru_mingru_sep`` with normalised observations on every control env; set with a rule before any
   run (session 28). On the 15 control envs it was better than ``lru_mingru_sep`` on 5 and worse on none, so by that
   rule it is ``examples/configs/popgym.yaml`` since session 28.
+- **A slow ring of counters** (``lru_mingru_sep_obs_cont_count``, not run by default): ``popgym.yaml``'s arm with
+  the LRU's slow units started at |lambda| >= 0.99 and phases <= 0.01 rad, so they sum over an episode instead of
+  turning; after a diagnostic of ``popgym.yaml``'s CountRecallEasy errors, set with a rule before any run (session
+  30).
 - **RecurrentPPO's tuning runs** (``--methods ppo_lstm_ent01 ppo_lstm_lr1e3 ppo_lstm_zoo ...``, not run by
   default): ``ppo_lstm`` with one setting changed (entropy bonus 0.01; learning rate 1e-3), rl-zoo's whole tuned
   CartPoleNoVel recipe on every env, and session 17's sweep of one change at a time around the defaults and the
@@ -341,6 +345,9 @@ _SEP: dict[str, Any] = {
 }  # fmt: skip
 """``lru_mingru_sep`` (``examples/configs/popgym.yaml`` in sessions 19-27): a critic of its own, value-loss weight
 0.5, time-limit bootstrapping; the parent of ``lru_mingru_sep_lam08`` and ``lru_mingru_sep_obs_cont``."""
+_SEP_OBS_CONT: dict[str, Any] = {**_SEP, "r2ac": {**_SEP["r2ac"], "obs_norm": True, "obs_norm_skip_binary": True}}
+"""``lru_mingru_sep_obs_cont`` (``examples/configs/popgym.yaml`` since session 28); the parent of
+``lru_mingru_sep_obs_cont_count``."""
 _LONG_SEP: dict[str, Any] = {**_LONG_SEGMENTS, "config": {**_LONG_SEGMENTS["config"], "separate_critic": True}}
 """``lru_mingru_long_sep``: ``_LONG_SEGMENTS`` with a critic of its own; the parent of ``lru_mingru_long_sep_lam08``
 and ``lru_mingru_long_sep_obs`` (``examples/configs/long_segments.yaml`` since session 24)."""
@@ -560,7 +567,18 @@ R2AC_METHODS: dict[str, dict[str, Any]] = {
     # POPGym memory game observes one-hot codes only, so there it computes exactly lru_mingru_sep, and on the control
     # envs, where popgym.yaml loses 13 of 15, it adds the obs_norm that lifted long segments' CartPole; after session
     # 27 found no long-segment setting that counts and learns the maze. Set with a rule before any run (session 28)
-    "lru_mingru_sep_obs_cont": {**_SEP, "r2ac": {**_SEP["r2ac"], "obs_norm": True, "obs_norm_skip_binary": True}},
+    "lru_mingru_sep_obs_cont": _SEP_OBS_CONT,
+    # popgym.yaml with its slow ring made of counters: |lambda| >= 0.99 (was 0.95) and phases <= 0.01 rad (was pi/10).
+    # On CountRecallEasy popgym.yaml's answers were mostly one off (seed 0: 21 % exact, 56 % within one), a linear
+    # probe of its core read the counts to +-1.0-1.3, and its trained slow units turned 0.05-0.3 rad a step: over a
+    # 51-step episode they oscillate instead of summing. Set with a rule before any run (session 30)
+    "lru_mingru_sep_obs_cont_count": {
+        **_SEP_OBS_CONT,
+        "cell_kwargs": {
+            **_SEP_OBS_CONT["cell_kwargs"],
+            "layer_kwargs": [{"slow_fraction": 0.5, "slow_r_min": 0.99, "slow_max_phase": 0.01}, {}],
+        },
+    },
     # the ablation: each of rtrl_passes' changes alone on top of the paper's R2AC-RTRL (the rtrl arm)
     "rtrl_rnorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"reward_norm": True}},
     "rtrl_anorm": {"method": "rtrl", "cell": "elstm", "r2ac": {"advantage_norm": True}},
@@ -621,7 +639,7 @@ CANDIDATES = [
     "lru_mingru_vdetach", "lru_mingru_pg_raw_m16_e2", "lru_mingru_long", "lru_mingru_sep",
     "lru_mingru_sep_lam08", "lru_mingru_long_sep_lam08", "lru_mingru_long_sep_obs", "lru_mingru_long_sep_obs_cont",
     "lru_mingru_m8_sep_obs_cont", "lru_mingru_m16_sep_obs_cont", "lru_mingru_long4_sep_obs_cont",
-    "lru_mingru_long4mb8_sep_obs_cont", "lru_mingru_sep_obs_cont",
+    "lru_mingru_long4mb8_sep_obs_cont", "lru_mingru_sep_obs_cont", "lru_mingru_sep_obs_cont_count",
 ]  # fmt: skip
 """Candidates for one setting on every env, run only when named (``--methods``)."""
 SHIPPED_POPGYM_ARM = "lru_mingru_sep_obs_cont"
