@@ -1,0 +1,208 @@
+"""Where does a trained R2AC err on POPGym's CountRecall? Plays greedy episodes and compares each answer with the count.
+
+In ``CountRecall*`` each step deals a card and asks for a kind of card (a colour in Easy, a suit in Medium, a rank in
+Hard); the observation is two one-hot codes, [dealt kind | asked kind], and the right answer is how many cards of the
+asked kind have been dealt so far, this step's included. An exact answer pays +1/T, any other -1/T (T the episode's
+length), so the final return is 2 x (fraction exact) - 1.
+
+For each ``onlinerec rl`` run folder given (its ``config.json`` and ``checkpoints/last.ckpt``) this prints, over
+``--episodes`` greedy episodes on env streams of their own (``run_env_seed(seed, purpose="diagnostic")``: neither
+training's nor the evaluation's):
+
+- how often the answer is exact, within one, and its mean absolute error, overall and by quarter of the episode;
+- a linear probe: least squares from the policy head's input to each kind's count, fitted on the first half of the
+  episodes and scored on the second (RMSE in cards, and how often the rounded prediction is exact); it says whether
+  the core holds the counts, whatever the head makes of them;
+- the policy core's LRU units: for the slow ring (``slow_fraction``) and the fast ring, the median |lambda|^T (how
+  much of a card dealt at the first step is left at the last) and the median phase x T (radians a unit turns over an
+  episode). A unit that counts over an episode needs |lambda|^T near 1 and phase x T well below 1.
+
+Usage::
+
+    python benchmarks/count_recall_errors.py runs/memory_suite30/r2ac/CountRecallEasy/<arm>-seed0 [<run> ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+QUARTERS = 4
+
+
+def true_counts(observations: np.ndarray, kinds: int) -> tuple[np.ndarray, np.ndarray]:
+    """Counts of each kind dealt so far (this step's card included) along one episode's one-hot observations.
+
+    ``observations``: (T, 2 * kinds), each row [dealt kind | asked kind]. Returns (counts (T, kinds), answers (T,)),
+    the answer at step t being ``counts[t, asked kind at t]``."""
+    obs = np.asarray(observations)
+    if obs.ndim != 2 or obs.shape[1] != 2 * kinds:
+        raise ValueError(f"expected one-hot observations of shape (T, {2 * kinds}), got {obs.shape}")
+    dealt = obs[:, :kinds].argmax(1)
+    asked = obs[:, kinds:].argmax(1)
+    counts = np.cumsum(np.eye(kinds, dtype=np.int64)[dealt], axis=0)
+    return counts, counts[np.arange(len(obs)), asked]
+
+
+def load_agent(run_dir: Path) -> tuple[Any, dict[str, Any]]:
+    """The run's trained R2AC (weights only) and its stored config."""
+    from onlinerec.rl.r2ac import R2AC
+
+    config_file, ckpt = run_dir / "config.json", run_dir / "checkpoints" / "last.ckpt"
+    if not config_file.is_file() or not ckpt.is_file():
+        raise FileNotFoundError(
+            f"{run_dir} has no config.json or checkpoints/last.ckpt: give an `onlinerec rl` run folder (e.g. "
+            "runs/memory_suite/r2ac/CountRecallEasy/<arm>-seed0)"
+        )
+    config = json.loads(config_file.read_text())
+    if not str(config["env"]).startswith("popgym:CountRecall"):
+        raise ValueError(f"{run_dir} trained on {config['env']}; this diagnostic reads popgym:CountRecall* runs only")
+    return R2AC.load_from_checkpoint(str(ckpt), map_location="cpu").eval(), config
+
+
+def play(model: Any, env: Any, episodes: int) -> dict[str, list[np.ndarray]]:
+    """Greedy episodes on ``env`` (a vector env): each episode's observations, answers and policy-head inputs."""
+    import torch
+
+    from onlinerec.rl.rollout import obs_to_tensor
+
+    n = int(env.num_envs)
+    current: list[dict[str, list[Any]]] = [{"obs": [], "answer": [], "features": []} for _ in range(n)]
+    finished: dict[str, list[np.ndarray]] = {"obs": [], "answer": [], "features": []}
+    seen: list[Any] = []
+    hook = model.policy.register_forward_hook(lambda _m, inputs, _out: seen.append(inputs[0].detach()))
+    model.reset_streams("count")
+    obs, _ = env.reset()
+    reward, reset = np.zeros(n, dtype=np.float32), np.ones(n, dtype=bool)
+    try:
+        with torch.no_grad():
+            while len(finished["obs"]) < episodes:
+                seen.clear()
+                actions, _ = model.act(
+                    obs_to_tensor(obs, model.device),
+                    torch.as_tensor(reward),
+                    torch.as_tensor(reset),
+                    greedy=True,
+                    stream="count",
+                )
+                features = seen[-1].numpy()
+                for i in range(n):
+                    current[i]["obs"].append(np.asarray(obs[i]))
+                    current[i]["answer"].append(int(actions[i]))
+                    current[i]["features"].append(features[i])
+                obs, reward, terminated, truncated, _ = env.step(actions.numpy())
+                reset = np.asarray(terminated) | np.asarray(truncated)
+                for i in np.flatnonzero(reset):
+                    for key in finished:
+                        finished[key].append(np.stack(current[i][key]))
+                        current[i][key] = []
+    finally:
+        hook.remove()
+        model.reset_streams("count")
+    return {key: value[:episodes] for key, value in finished.items()}
+
+
+def lru_rings(model: Any, config: dict[str, Any], length: int) -> dict[str, tuple[float, float]]:
+    """Median |lambda|^T and median phase x T of the policy core's first LRU, per ring (slow and fast)."""
+    import torch
+
+    from onlinerec.cells.lru import LRUCell
+
+    lru = next((m for m in model.cell.modules() if isinstance(m, LRUCell)), None)
+    if lru is None:
+        return {}
+    layer_kwargs = (config.get("cell_kwargs") or {}).get("layer_kwargs") or [{}]
+    slow = round(float(layer_kwargs[0].get("slow_fraction", 0.0)) * lru.nu_log.numel())
+    with torch.no_grad():
+        radius = torch.exp(-torch.exp(lru.nu_log)).numpy()
+        phase = torch.exp(lru.theta_log).numpy()
+    rings = {"fast": slice(0, len(radius) - slow), "slow": slice(len(radius) - slow, len(radius))}
+    return {
+        name: (float(np.median(radius[s] ** length)), float(np.median(phase[s] * length)))
+        for name, s in rings.items()
+        if s.stop > s.start
+    }
+
+
+def diagnose(run_dir: Path, episodes: int) -> dict[str, Any]:
+    """Answer errors, the linear probe and the LRU rings of one run (see the module docstring)."""
+    from onlinerec.rl.envs import make_vector_env, run_env_seed
+
+    model, config = load_agent(run_dir)
+    env = make_vector_env(
+        config["env"], min(16, episodes), seed=run_env_seed(int(config["seed"]), purpose="diagnostic")
+    )
+    try:
+        played = play(model, env, episodes)
+    finally:
+        env.close()
+    kinds = played["obs"][0].shape[1] // 2
+    errors, where, counts = [], [], []
+    for obs, answers in zip(played["obs"], played["answer"]):
+        c, right = true_counts(obs, kinds)
+        errors.append(answers - right)
+        where.append(np.minimum(np.arange(len(obs)) * QUARTERS // len(obs), QUARTERS - 1))
+        counts.append(c)
+    err, quarter = np.concatenate(errors), np.concatenate(where)
+    result: dict[str, Any] = {
+        "run": str(run_dir),
+        "env": config["env"],
+        "episodes": len(errors),
+        "exact": float(np.mean(err == 0)),
+        "within_one": float(np.mean(np.abs(err) <= 1)),
+        "mean_abs_error": float(np.mean(np.abs(err))),
+        "exact_by_quarter": [float(np.mean(err[quarter == q] == 0)) for q in range(QUARTERS)],
+    }
+    half = len(errors) // 2
+    x = [np.concatenate([f, np.ones((len(f), 1))], 1) for f in played["features"]]
+    fit_x, test_x = np.concatenate(x[:half]), np.concatenate(x[half:])
+    fit_y, test_y = np.concatenate(counts[:half]), np.concatenate(counts[half:])
+    weights, *_ = np.linalg.lstsq(fit_x.astype(np.float64), fit_y.astype(np.float64), rcond=None)
+    pred = test_x @ weights
+    result["probe_rmse"] = float(np.sqrt(np.mean((pred - test_y) ** 2)))
+    result["probe_exact"] = float(np.mean(np.round(pred) == test_y))
+    result["rings"] = lru_rings(model, config, length=max(len(o) for o in played["obs"]))
+    return result
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    """A markdown table, one row per run."""
+    lines = [
+        "| run | exact | within one | mean abs. error | exact by quarter | probe RMSE (exact) | slow ring: "
+        "r^T, phase x T | fast ring |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        rings = {name: f"{mag:.2f}, {turn:.1f} rad" for name, (mag, turn) in r["rings"].items()}
+        lines.append(
+            f"| {r['run']} | {r['exact']:.0%} | {r['within_one']:.0%} | {r['mean_abs_error']:.2f} | "
+            + " / ".join(f"{q:.0%}" for q in r["exact_by_quarter"])
+            + f" | {r['probe_rmse']:.2f} ({r['probe_exact']:.0%}) | {rings.get('slow', '-')} | {rings.get('fast', '-')} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="`onlinerec rl` run folders trained on popgym:CountRecall*")
+    parser.add_argument("--episodes", type=int, default=320, help="greedy episodes per run (half fit the probe)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
+    args = parser.parse_args(argv)
+    if args.episodes < 2:
+        parser.error("--episodes must be at least 2: half the episodes fit the probe, half score it")
+    import torch
+
+    torch.set_num_threads(1)
+    results = [diagnose(run, args.episodes) for run in args.runs]
+    print(report(results))
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

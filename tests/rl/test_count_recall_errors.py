@@ -1,0 +1,77 @@
+"""benchmarks/count_recall_errors.py: its counts against POPGym's own, a policy that answers right and one that is one
+off, and the script on a trained run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.helpers import load_benchmark
+
+pytest.importorskip("popgym")
+
+diag = load_benchmark("count_recall_errors")
+
+
+@pytest.mark.parametrize("name", ["CountRecallEasy", "CountRecallMedium", "CountRecallHard"])
+def test_the_counts_read_from_observations_are_popgyms(name):
+    import popgym.envs
+
+    from onlinerec.rl.envs import make_vector_env
+
+    env = getattr(popgym.envs, name)()
+    kinds = env.observation_space.nvec[0]
+    obs, info = env.reset(seed=3)
+    seen, popgym_counts, rewards, answers = [obs], [info["counts"].copy()], [], []
+    done = False
+    while not done:
+        # answer right on odd steps, one off on even ones: the reward says which POPGym scored as right
+        _, right = diag.true_counts(np.eye(kinds)[np.array(seen)].reshape(len(seen), -1), kinds)
+        answer = int(right[-1]) + (len(seen) % 2 == 0) * (-1 if right[-1] > 0 else 1)
+        answers.append(answer == right[-1])
+        obs, reward, terminated, truncated, info = env.step(answer)
+        rewards.append(reward)
+        done = terminated or truncated
+        if not done:
+            seen.append(obs)
+            popgym_counts.append(info["counts"].copy())
+    counts, _ = diag.true_counts(np.eye(kinds)[np.array(seen)].reshape(len(seen), -1), kinds)
+    np.testing.assert_array_equal(counts, np.array(popgym_counts))
+    assert all((r > 0) == a for r, a in zip(rewards, answers))
+    # the runner's env gives the same one-hot layout the script reads: [dealt kind | asked kind]
+    vec = make_vector_env(f"popgym:{name}", 1, seed=0)
+    first, _ = vec.reset()
+    vec.close()
+    assert first.shape == (1, 2 * kinds) and first[0, :kinds].sum() == first[0, kinds:].sum() == 1
+
+
+def test_observations_of_the_wrong_shape_are_refused():
+    with pytest.raises(ValueError, match=r"shape \(T, 4\)"):
+        diag.true_counts(np.zeros((5, 3)), 2)
+
+
+def test_the_script_reads_a_trained_run_and_refuses_other_folders(tmp_path, capsys):
+    from onlinerec.rl.runner import main as rl
+
+    run = tmp_path / "run"
+    args = ["--config", "examples/configs/popgym.yaml", "--env", "popgym:CountRecallEasy", "--num_envs", "2",
+            "--total_frames", "64", "--eval_episodes", "0", "--progress", "false", "--tensorboard", "false",
+            "--out_dir", str(run)]  # fmt: skip
+    rl(args)
+    capsys.readouterr()
+    out = tmp_path / "diag.json"
+    assert diag.main([str(run), "--episodes", "4", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert table.startswith("| run | exact |") and f"| {run} |" in table
+    (result,) = json.loads(out.read_text())
+    assert result["episodes"] == 4 and 0.0 <= result["exact"] <= result["within_one"] <= 1.0
+    assert set(result["rings"]) == {"fast", "slow"}  # popgym.yaml's LRU has both rings
+    slow_magnitude, _ = result["rings"]["slow"]
+    fast_magnitude, _ = result["rings"]["fast"]
+    assert slow_magnitude > fast_magnitude  # untrained (64 frames), the slow ring still keeps more of a card
+    with pytest.raises(FileNotFoundError, match="onlinerec rl. run folder"):
+        diag.main([str(tmp_path)])
+    with pytest.raises(SystemExit):
+        diag.main([str(run), "--episodes", "1"])
