@@ -10,7 +10,8 @@ For each ``onlinerec rl`` run folder given (its ``config.json`` and ``checkpoint
 training's nor the evaluation's):
 
 - how often the answer is exact, within one, and its mean absolute error, overall and by quarter of the episode;
-- a linear probe: least squares from the policy head's input to each kind's count, fitted on the first half of the
+- a linear probe: least squares from the policy's core features (after its ``core_norm``, before any ``head_sizes``
+  MLP) to each kind's count, fitted on the first half of the
   episodes and scored on the second (RMSE in cards, and how often the rounded prediction is exact); it says whether
   the core holds the counts, whatever the head makes of them;
 - the policy core's LRU units: for the slow ring (``slow_fraction``) and the fast ring, the median |lambda|^T (how
@@ -65,7 +66,8 @@ def load_agent(run_dir: Path) -> tuple[Any, dict[str, Any]]:
 
 
 def play(model: Any, env: Any, episodes: int) -> dict[str, list[np.ndarray]]:
-    """Greedy episodes on ``env`` (a vector env): each episode's observations, answers and policy-head inputs."""
+    """Greedy episodes on ``env`` (a vector env): each episode's observations, answers and the policy's core features
+    (what the policy's MLP reads, or its linear head where ``head_sizes`` is empty)."""
     import torch
 
     from onlinerec.rl.rollout import obs_to_tensor
@@ -74,7 +76,7 @@ def play(model: Any, env: Any, episodes: int) -> dict[str, list[np.ndarray]]:
     current: list[dict[str, list[Any]]] = [{"obs": [], "answer": [], "features": []} for _ in range(n)]
     finished: dict[str, list[np.ndarray]] = {"obs": [], "answer": [], "features": []}
     seen: list[Any] = []
-    hook = model.policy.register_forward_hook(lambda _m, inputs, _out: seen.append(inputs[0].detach()))
+    hook = model.policy_mlp.register_forward_hook(lambda _m, inputs, _out: seen.append(inputs[0].detach()))
     model.reset_streams("count")
     obs, _ = env.reset()
     reward, reset = np.zeros(n, dtype=np.float32), np.ones(n, dtype=bool)
