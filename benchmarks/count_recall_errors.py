@@ -20,7 +20,11 @@ training's nor the evaluation's):
 
 Usage::
 
-    python benchmarks/count_recall_errors.py runs/memory_suite30/r2ac/CountRecallEasy/<arm>-seed0 [<run> ...]
+    python benchmarks/count_recall_errors.py runs/memory_suite30/r2ac/CountRecallEasy/<arm>-seed0 [<run> ...] \\
+        [--plot errors.png]
+
+``--plot`` draws the results per arm (run folders named ``<arm>-seed<k>``, as the memory suite names them, are
+averaged over their seeds).
 """
 
 from __future__ import annotations
@@ -188,11 +192,55 @@ def report(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def arm_of(run: str) -> str:
+    """A run folder's arm: its name without the ``-seed<k>`` suffix that the memory suite gives it."""
+    name = Path(run).name
+    head, sep, tail = name.rpartition("-seed")
+    return head if sep and tail.isdigit() else name
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    """Per arm (runs grouped by :func:`arm_of`, mean over them): how often the policy answers exactly and the probe
+    reads the counts exactly (left), and the policy's exact answers by quarter of the episode (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        arms.setdefault(arm_of(r["run"]), []).append(r)
+    names = list(arms)
+    x = np.arange(len(names))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
+    bars = {"policy: exact answer": "exact", "policy: within one": "within_one", "probe: count exact": "probe_exact"}
+    for k, (label, key) in enumerate(bars.items()):
+        left.bar(x + (k - 1) * 0.27, [np.mean([r[key] for r in arms[a]]) for a in names], 0.27, label=label)
+    left.set_xticks(x, [f"{a} ({len(arms[a])})" for a in names], rotation=25, ha="right", fontsize=8)
+    left.set_ylim(0, 1)
+    left.set_ylabel("fraction of steps")
+    left.legend(fontsize=8, loc="upper left")
+    left.set_title("answers and a linear probe of the core (runs per arm)", fontsize=10)
+    for a in names:
+        right.plot(range(1, QUARTERS + 1), np.mean([r["exact_by_quarter"] for r in arms[a]], 0), marker="o", label=a)
+    right.set_xticks(range(1, QUARTERS + 1), [f"quarter {q}" for q in range(1, QUARTERS + 1)])
+    right.set_ylim(0, None)
+    right.set_ylabel("exact answers")
+    right.legend(fontsize=7)
+    right.set_title("exact answers along the episode", fontsize=10)
+    fig.suptitle(f"Greedy play on {results[0]['env']}", fontsize=11)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="`onlinerec rl` run folders trained on popgym:CountRecall*")
     parser.add_argument("--episodes", type=int, default=320, help="greedy episodes per run (half fit the probe)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
+    parser.add_argument("--plot", type=Path, default=None, help="also draw the results per arm to this PNG")
     args = parser.parse_args(argv)
     if args.episodes < 2:
         parser.error("--episodes must be at least 2: half the episodes fit the probe, half score it")
@@ -203,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     print(report(results))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2))
+    if args.plot is not None:
+        plot(results, args.plot)
     return 0
 
 

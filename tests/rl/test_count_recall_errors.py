@@ -62,7 +62,9 @@ def test_the_script_reads_a_trained_run_and_refuses_other_folders(tmp_path, caps
     rl(args)
     capsys.readouterr()
     out = tmp_path / "diag.json"
-    assert diag.main([str(run), "--episodes", "4", "--json", str(out)]) == 0
+    png = tmp_path / "errors.png"
+    assert diag.main([str(run), "--episodes", "4", "--json", str(out), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = capsys.readouterr().out
     assert table.startswith("| run | exact |") and f"| {run} |" in table
     (result,) = json.loads(out.read_text())
@@ -75,3 +77,9 @@ def test_the_script_reads_a_trained_run_and_refuses_other_folders(tmp_path, caps
         diag.main([str(tmp_path)])
     with pytest.raises(SystemExit):
         diag.main([str(run), "--episodes", "1"])
+
+
+def test_runs_are_grouped_by_arm_without_their_seed():
+    assert diag.arm_of("runs/x/r2ac/CountRecallEasy/lru_mingru_sep-seed12") == "lru_mingru_sep"
+    assert diag.arm_of("runs/s30/cre_diag") == "cre_diag"  # a folder of any other name is its own arm
+    assert diag.arm_of("a-seedling") == "a-seedling"
