@@ -5,23 +5,24 @@ Hard); the observation is two one-hot codes, [dealt kind | asked kind], and the 
 asked kind have been dealt so far, this step's included. An exact answer pays +1/T, any other -1/T (T the episode's
 length), so the final return is 2 x (fraction exact) - 1.
 
-For each ``onlinerec rl`` run folder given (its ``config.json`` and ``checkpoints/last.ckpt``) this prints, over
+For each run given, an ``onlinerec rl`` folder (its ``config.json`` and ``checkpoints/last.ckpt``) or a RecurrentPPO
+policy saved by ``memory_suite.py`` (``seed<k>.zip``, its JSON beside it), this prints, over
 ``--episodes`` greedy episodes on env streams of their own (``run_env_seed(seed, purpose="diagnostic")``: neither
 training's nor the evaluation's):
 
 - how often the answer is exact, within one, and its mean absolute error, overall and by quarter of the episode;
-- a linear probe: least squares from the policy's core features (after its ``core_norm``, before any ``head_sizes``
-  MLP) to each kind's count, fitted on the first half of the
+- a linear probe: least squares from the policy's core features (R2AC: the core's output after its ``core_norm``,
+  before any ``head_sizes`` MLP; RecurrentPPO: its actor LSTM's output, before its policy MLP) to each kind's count, fitted on the first half of the
   episodes and scored on the second (RMSE in cards, and how often the rounded prediction is exact); it says whether
   the core holds the counts, whatever the head makes of them;
-- the policy core's LRU units: for the slow ring (``slow_fraction``) and the fast ring, the median |lambda|^T (how
+- for R2AC, the policy core's LRU units: for the slow ring (``slow_fraction``) and the fast ring, the median |lambda|^T (how
   much of a card dealt at the first step is left at the last) and the median phase x T (radians a unit turns over an
   episode). A unit that counts over an episode needs |lambda|^T near 1 and phase x T well below 1.
 
 Usage::
 
-    python benchmarks/count_recall_errors.py runs/memory_suite30/r2ac/CountRecallEasy/<arm>-seed0 [<run> ...] \\
-        [--plot errors.png]
+    python benchmarks/count_recall_errors.py runs/memory_suite30/r2ac/CountRecallEasy/<arm>-seed0 \\
+        runs/memory_suite30/runs/CountRecallEasy/ppo_lstm_e20_lam08/seed0.zip [<run> ...] [--plot errors.png]
 
 ``--plot`` draws the results per arm (run folders named ``<arm>-seed<k>``, as the memory suite names them, are
 averaged over their seeds).
@@ -53,62 +54,113 @@ def true_counts(observations: np.ndarray, kinds: int) -> tuple[np.ndarray, np.nd
     return counts, counts[np.arange(len(obs)), asked]
 
 
-def load_agent(run_dir: Path) -> tuple[Any, dict[str, Any]]:
-    """The run's trained R2AC (weights only) and its stored config."""
-    from onlinerec.rl.r2ac import R2AC
+class R2ACPlayer:
+    """An ``onlinerec rl`` run's trained R2AC (weights only), greedy on its own carried state (stream "count"); its
+    features are what the policy's ``head_sizes`` MLP reads (its linear head where there is none): the core's
+    output after ``core_norm``."""
 
-    config_file, ckpt = run_dir / "config.json", run_dir / "checkpoints" / "last.ckpt"
-    if not config_file.is_file() or not ckpt.is_file():
-        raise FileNotFoundError(
-            f"{run_dir} has no config.json or checkpoints/last.ckpt: give an `onlinerec rl` run folder (e.g. "
-            "runs/memory_suite/r2ac/CountRecallEasy/<arm>-seed0)"
-        )
-    config = json.loads(config_file.read_text())
-    if not str(config["env"]).startswith("popgym:CountRecall"):
-        raise ValueError(f"{run_dir} trained on {config['env']}; this diagnostic reads popgym:CountRecall* runs only")
-    return R2AC.load_from_checkpoint(str(ckpt), map_location="cpu").eval(), config
+    def __init__(self, run_dir: Path) -> None:
+        from onlinerec.rl.r2ac import R2AC
+
+        config_file, ckpt = run_dir / "config.json", run_dir / "checkpoints" / "last.ckpt"
+        if not config_file.is_file() or not ckpt.is_file():
+            raise FileNotFoundError(
+                f"{run_dir} has no config.json or checkpoints/last.ckpt: give an `onlinerec rl` run folder (e.g. "
+                "runs/memory_suite/r2ac/CountRecallEasy/<arm>-seed0) or a RecurrentPPO seed<k>.zip"
+            )
+        self.config = json.loads(config_file.read_text())
+        self.env, self.seed = str(self.config["env"]), int(self.config["seed"])
+        self.model = R2AC.load_from_checkpoint(str(ckpt), map_location="cpu").eval()
+        self.seen: list[Any] = []
+        self.hook = self.model.policy_mlp.register_forward_hook(lambda _m, i, _o: self.seen.append(i[0].detach()))
+        self.model.reset_streams("count")
+
+    def act(self, obs: np.ndarray, reward: np.ndarray, reset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        from onlinerec.rl.rollout import obs_to_tensor
+
+        self.seen.clear()
+        with torch.no_grad():
+            actions, _ = self.model.act(
+                obs_to_tensor(obs, self.model.device),
+                torch.as_tensor(reward),
+                torch.as_tensor(reset),
+                greedy=True,
+                stream="count",
+            )
+        return actions.numpy(), self.seen[-1].numpy()
+
+    def rings(self, length: int) -> dict[str, tuple[float, float]]:
+        return lru_rings(self.model, self.config, length)
+
+    def close(self) -> None:
+        self.hook.remove()
+        self.model.reset_streams("count")
 
 
-def play(model: Any, env: Any, episodes: int) -> dict[str, list[np.ndarray]]:
-    """Greedy episodes on ``env`` (a vector env): each episode's observations, answers and the policy's core features
-    (what the policy's MLP reads, or its linear head where ``head_sizes`` is empty)."""
-    import torch
+class RecurrentPPOPlayer:
+    """A RecurrentPPO policy saved by ``memory_suite.py`` (``seed<k>.zip``, its JSON beside it), greedy; its
+    features are its actor LSTM's output, what its policy MLP reads."""
 
-    from onlinerec.rl.rollout import obs_to_tensor
+    def __init__(self, path: Path) -> None:
+        import pickle
 
+        from sb3_contrib import RecurrentPPO
+
+        record_file = path.with_suffix(".json")
+        if not path.is_file() or not record_file.is_file():
+            raise FileNotFoundError(
+                f"{path} is not a RecurrentPPO seed<k>.zip saved by memory_suite.py (with its JSON)"
+            )
+        record = json.loads(record_file.read_text())
+        stem = path.stem.removeprefix("seed")  # `memory_suite.py sb3` alone writes no seed; its file name has it
+        self.env, self.seed = str(record["config"]["env"]), int(record.get("seed", stem if stem.isdigit() else 0))
+        self.model = RecurrentPPO.load(str(path), device="cpu")
+        stats = path.with_suffix(".vecnormalize.pkl")
+        self.normalize = pickle.loads(stats.read_bytes()).normalize_obs if stats.is_file() else None  # noqa: S301
+        self.state: Any = None
+
+    def act(self, obs: np.ndarray, reward: np.ndarray, reset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        seen = obs if self.normalize is None else self.normalize(obs)
+        actions, self.state = self.model.predict(seen, state=self.state, episode_start=reset, deterministic=True)
+        return np.asarray(actions), np.asarray(self.state[0][-1])  # the last LSTM layer's output at this step
+
+    def rings(self, length: int) -> dict[str, tuple[float, float]]:
+        return {}
+
+    def close(self) -> None:
+        self.state = None
+
+
+def load_player(path: Path) -> R2ACPlayer | RecurrentPPOPlayer:
+    """An R2AC run folder or a RecurrentPPO ``seed<k>.zip``, checked to be a CountRecall run."""
+    player = RecurrentPPOPlayer(path) if path.suffix == ".zip" else R2ACPlayer(path)
+    if not player.env.startswith("popgym:CountRecall"):
+        player.close()
+        raise ValueError(f"{path} trained on {player.env}; this diagnostic reads popgym:CountRecall* runs only")
+    return player
+
+
+def play(player: R2ACPlayer | RecurrentPPOPlayer, env: Any, episodes: int) -> dict[str, list[np.ndarray]]:
+    """Greedy episodes on ``env`` (a vector env): each episode's observations, answers and the player's features."""
     n = int(env.num_envs)
     current: list[dict[str, list[Any]]] = [{"obs": [], "answer": [], "features": []} for _ in range(n)]
     finished: dict[str, list[np.ndarray]] = {"obs": [], "answer": [], "features": []}
-    seen: list[Any] = []
-    hook = model.policy_mlp.register_forward_hook(lambda _m, inputs, _out: seen.append(inputs[0].detach()))
-    model.reset_streams("count")
     obs, _ = env.reset()
     reward, reset = np.zeros(n, dtype=np.float32), np.ones(n, dtype=bool)
-    try:
-        with torch.no_grad():
-            while len(finished["obs"]) < episodes:
-                seen.clear()
-                actions, _ = model.act(
-                    obs_to_tensor(obs, model.device),
-                    torch.as_tensor(reward),
-                    torch.as_tensor(reset),
-                    greedy=True,
-                    stream="count",
-                )
-                features = seen[-1].numpy()
-                for i in range(n):
-                    current[i]["obs"].append(np.asarray(obs[i]))
-                    current[i]["answer"].append(int(actions[i]))
-                    current[i]["features"].append(features[i])
-                obs, reward, terminated, truncated, _ = env.step(actions.numpy())
-                reset = np.asarray(terminated) | np.asarray(truncated)
-                for i in np.flatnonzero(reset):
-                    for key in finished:
-                        finished[key].append(np.stack(current[i][key]))
-                        current[i][key] = []
-    finally:
-        hook.remove()
-        model.reset_streams("count")
+    while len(finished["obs"]) < episodes:
+        actions, features = player.act(np.asarray(obs), reward, reset)
+        for i in range(n):
+            current[i]["obs"].append(np.asarray(obs[i]))
+            current[i]["answer"].append(int(actions[i]))
+            current[i]["features"].append(features[i])
+        obs, reward, terminated, truncated, _ = env.step(actions)
+        reset = np.asarray(terminated) | np.asarray(truncated)
+        for i in np.flatnonzero(reset):
+            for key in finished:
+                finished[key].append(np.stack(current[i][key]))
+                current[i][key] = []
     return {key: value[:episodes] for key, value in finished.items()}
 
 
@@ -134,18 +186,17 @@ def lru_rings(model: Any, config: dict[str, Any], length: int) -> dict[str, tupl
     }
 
 
-def diagnose(run_dir: Path, episodes: int) -> dict[str, Any]:
-    """Answer errors, the linear probe and the LRU rings of one run (see the module docstring)."""
+def diagnose(path: Path, episodes: int) -> dict[str, Any]:
+    """Answer errors, the linear probe and (for R2AC) the LRU rings of one run (see the module docstring)."""
     from onlinerec.rl.envs import make_vector_env, run_env_seed
 
-    model, config = load_agent(run_dir)
-    env = make_vector_env(
-        config["env"], min(16, episodes), seed=run_env_seed(int(config["seed"]), purpose="diagnostic")
-    )
+    player = load_player(path)
+    env = make_vector_env(player.env, min(16, episodes), seed=run_env_seed(player.seed, purpose="diagnostic"))
     try:
-        played = play(model, env, episodes)
+        played = play(player, env, episodes)
     finally:
         env.close()
+        player.close()
     kinds = played["obs"][0].shape[1] // 2
     errors, where, counts = [], [], []
     for obs, answers in zip(played["obs"], played["answer"]):
@@ -155,8 +206,8 @@ def diagnose(run_dir: Path, episodes: int) -> dict[str, Any]:
         counts.append(c)
     err, quarter = np.concatenate(errors), np.concatenate(where)
     result: dict[str, Any] = {
-        "run": str(run_dir),
-        "env": config["env"],
+        "run": str(path),
+        "env": player.env,
         "episodes": len(errors),
         "exact": float(np.mean(err == 0)),
         "within_one": float(np.mean(np.abs(err) <= 1)),
@@ -171,7 +222,7 @@ def diagnose(run_dir: Path, episodes: int) -> dict[str, Any]:
     pred = test_x @ weights
     result["probe_rmse"] = float(np.sqrt(np.mean((pred - test_y) ** 2)))
     result["probe_exact"] = float(np.mean(np.round(pred) == test_y))
-    result["rings"] = lru_rings(model, config, length=max(len(o) for o in played["obs"]))
+    result["rings"] = player.rings(max(len(o) for o in played["obs"]))
     return result
 
 
@@ -193,7 +244,10 @@ def report(results: list[dict[str, Any]]) -> str:
 
 
 def arm_of(run: str) -> str:
-    """A run folder's arm: its name without the ``-seed<k>`` suffix that the memory suite gives it."""
+    """A run's arm: an R2AC folder's name without the ``-seed<k>`` suffix that the memory suite gives it, or the
+    folder that holds a RecurrentPPO ``seed<k>.zip`` (the memory suite's arm name)."""
+    if run.endswith(".zip"):
+        return Path(run).parent.name
     name = Path(run).name
     head, sep, tail = name.rpartition("-seed")
     return head if sep and tail.isdigit() else name
@@ -237,7 +291,9 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="`onlinerec rl` run folders trained on popgym:CountRecall*")
+    parser.add_argument(
+        "runs", nargs="+", type=Path, help="`onlinerec rl` folders or RecurrentPPO seed<k>.zip of popgym:CountRecall*"
+    )
     parser.add_argument("--episodes", type=int, default=320, help="greedy episodes per run (half fit the probe)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
     parser.add_argument("--plot", type=Path, default=None, help="also draw the results per arm to this PNG")

@@ -4,6 +4,7 @@ off, and the script on a trained run."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -77,9 +78,30 @@ def test_the_script_reads_a_trained_run_and_refuses_other_folders(tmp_path, caps
         diag.main([str(tmp_path)])
     with pytest.raises(SystemExit):
         diag.main([str(run), "--episodes", "1"])
+    other = tmp_path / "other"  # the same folder, as if trained on another env
+    shutil.copytree(run, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "env": "popgym:RepeatFirstEasy"}))
+    with pytest.raises(ValueError, match="trained on popgym:RepeatFirstEasy; this diagnostic reads popgym:CountRecall"):
+        diag.main([str(other)])
 
 
 def test_runs_are_grouped_by_arm_without_their_seed():
     assert diag.arm_of("runs/x/r2ac/CountRecallEasy/lru_mingru_sep-seed12") == "lru_mingru_sep"
     assert diag.arm_of("runs/s30/cre_diag") == "cre_diag"  # a folder of any other name is its own arm
     assert diag.arm_of("a-seedling") == "a-seedling"
+
+
+def test_the_script_reads_a_recurrentppo_policy_saved_by_the_memory_suite(tmp_path, capsys):
+    pytest.importorskip("sb3_contrib")
+    suite = load_benchmark("memory_suite")
+    record = tmp_path / "ppo_lstm" / "seed3.json"
+    record.parent.mkdir()
+    record.write_text(json.dumps(suite.run_sb3("CountRecallEasy", 3, record, steps=256)))
+    capsys.readouterr()
+    assert diag.main([str(record.with_suffix(".zip")), "--episodes", "4"]) == 0
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert row.startswith(f"| {record.with_suffix('.zip')} |") and row.endswith("| - | - |")  # no LRU rings
+    assert diag.arm_of(str(record.with_suffix(".zip"))) == "ppo_lstm"
+    with pytest.raises(FileNotFoundError, match="RecurrentPPO seed<k>.zip"):
+        diag.main([str(tmp_path / "missing.zip")])
