@@ -15,6 +15,10 @@ training's nor the evaluation's):
   before any ``head_sizes`` MLP; RecurrentPPO: its actor LSTM's output, before its policy MLP) to each kind's count, fitted on the first half of the
   episodes and scored on the second (RMSE in cards, and how often the rounded prediction is exact); it says whether
   the core holds the counts, whatever the head makes of them;
+- the same answer statistics, exact expected values, for three reference policies: one that counts each kind (every
+  answer right, return +1), one that keeps no count and knows only the step ("a clock": the likeliest count given
+  how many cards are dealt, from the hypergeometric law), and a clock that also sees whether this step's card is of
+  the asked kind. An agent below the clock has not learnt to count, whatever its return against a random policy;
 - for R2AC, the policy core's LRU units: for the slow ring (``slow_fraction``) and the fast ring, the median |lambda|^T (how
   much of a card dealt at the first step is left at the last) and the median phase x T (radians a unit turns over an
   episode). A unit that counts over an episode needs |lambda|^T near 1 and phase x T well below 1.
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +57,64 @@ def true_counts(observations: np.ndarray, kinds: int) -> tuple[np.ndarray, np.nd
     asked = obs[:, kinds:].argmax(1)
     counts = np.cumsum(np.eye(kinds, dtype=np.int64)[dealt], axis=0)
     return counts, counts[np.arange(len(obs)), asked]
+
+
+def hypergeometric(total: int, marked: int, draws: int, top: int) -> np.ndarray:
+    """P(k marked cards among ``draws`` dealt without replacement from ``total``, ``marked`` of them marked), k = 0..top."""
+    return np.array(
+        [
+            math.comb(marked, k) * math.comb(total - marked, draws - k) / math.comb(total, draws)
+            if k <= marked and 0 <= draws - k <= total - marked
+            else 0.0
+            for k in range(top + 1)
+        ]
+    )
+
+
+def deck_of(env_id: str) -> tuple[int, int]:
+    """(cards in the deck, kinds of card) of a ``popgym:CountRecall*`` env; every kind has cards / kinds cards."""
+    import popgym.envs
+
+    name = env_id.removeprefix("popgym:")
+    env = getattr(popgym.envs, name)()
+    return int(env.value_deck.num_cards), int(env.num_distinct_cards)
+
+
+def reference_answer(cards: int, kinds: int, step: int, same: bool | None) -> int:
+    """The likeliest count for a policy that knows only how many cards are dealt (``step``, this one included) and,
+    unless ``same`` is None, whether this step's card is of the asked kind: no count of any kind is kept."""
+    per = cards // kinds
+    if same is None:
+        return int(hypergeometric(cards, per, step, per).argmax())
+    return int(same) + int(hypergeometric(cards - 1, per - int(same), step - 1, per).argmax())
+
+
+def references(env_id: str) -> dict[str, dict[str, Any]]:
+    """Exact expected returns and exact answers by quarter of three reference policies: one that counts each kind
+    (every answer right), one that knows only the step ("a clock": the likeliest count given the cards dealt), and
+    a clock that also sees whether this step's card is of the asked kind (the asked kind is drawn from a deck of its
+    own, so it matches with probability 1 / kinds)."""
+    cards, kinds = deck_of(env_id)
+    per, length = cards // kinds, cards - 1
+    clock = [hypergeometric(cards, per, t, per).max() for t in range(1, length + 1)]
+    card = [
+        hypergeometric(cards - 1, per - 1, t - 1, per).max() / kinds
+        + hypergeometric(cards - 1, per, t - 1, per).max() * (1 - 1 / kinds)
+        for t in range(1, length + 1)
+    ]
+    quarter = np.minimum(np.arange(length) * QUARTERS // length, QUARTERS - 1)
+    out = {}
+    for name, p in (
+        ("counts each kind", np.ones(length)),
+        ("a clock", np.array(clock)),
+        ("a clock and this card", np.array(card)),
+    ):
+        out[name] = {
+            "return": float(2 * p.mean() - 1),
+            "exact": float(p.mean()),
+            "exact_by_quarter": [float(p[quarter == q].mean()) for q in range(QUARTERS)],
+        }
+    return out
 
 
 class R2ACPlayer:
@@ -227,19 +290,27 @@ def diagnose(path: Path, episodes: int) -> dict[str, Any]:
 
 
 def report(results: list[dict[str, Any]]) -> str:
-    """A markdown table, one row per run."""
+    """A markdown table, one row per run, then one per reference policy of each env the runs played."""
     lines = [
-        "| run | exact | within one | mean abs. error | exact by quarter | probe RMSE (exact) | slow ring: "
-        "r^T, phase x T | fast ring |",
-        "|---|---|---|---|---|---|---|---|",
+        "| run | greedy return | exact | within one | mean abs. error | exact by quarter | probe RMSE (exact) | "
+        "slow ring: r^T, phase x T | fast ring |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         rings = {name: f"{mag:.2f}, {turn:.1f} rad" for name, (mag, turn) in r["rings"].items()}
         lines.append(
-            f"| {r['run']} | {r['exact']:.0%} | {r['within_one']:.0%} | {r['mean_abs_error']:.2f} | "
+            f"| {r['run']} | {2 * r['exact'] - 1:.3f} | {r['exact']:.0%} | {r['within_one']:.0%} | "
+            f"{r['mean_abs_error']:.2f} | "
             + " / ".join(f"{q:.0%}" for q in r["exact_by_quarter"])
             + f" | {r['probe_rmse']:.2f} ({r['probe_exact']:.0%}) | {rings.get('slow', '-')} | {rings.get('fast', '-')} |"
         )
+    for env in dict.fromkeys(r["env"] for r in results):
+        for name, ref in references(env).items():
+            lines.append(
+                f"| reference on {env}: {name} (expected) | {ref['return']:.3f} | {ref['exact']:.0%} | - | - | "
+                + " / ".join(f"{q:.0%}" for q in ref["exact_by_quarter"])
+                + " | - | - | - |"
+            )
     return "\n".join(lines)
 
 
@@ -255,7 +326,8 @@ def arm_of(run: str) -> str:
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
     """Per arm (runs grouped by :func:`arm_of`, mean over them): how often the policy answers exactly and the probe
-    reads the counts exactly (left), and the policy's exact answers by quarter of the episode (right)."""
+    reads the counts exactly (left), and the policy's exact answers by quarter of the episode (right); dashed, the
+    clock reference (:func:`references`) of the first run's env."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -277,6 +349,9 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     left.set_title("answers and a linear probe of the core (runs per arm)", fontsize=10)
     for a in names:
         right.plot(range(1, QUARTERS + 1), np.mean([r["exact_by_quarter"] for r in arms[a]], 0), marker="o", label=a)
+    clock = references(results[0]["env"])["a clock"]
+    right.plot(range(1, QUARTERS + 1), clock["exact_by_quarter"], "k--", label="reference: a clock (no count kept)")
+    left.axhline(clock["exact"], color="k", ls="--", lw=0.9)  # the clock's exact answers, for the first bars
     right.set_xticks(range(1, QUARTERS + 1), [f"quarter {q}" for q in range(1, QUARTERS + 1)])
     right.set_ylim(0, None)
     right.set_ylabel("exact answers")

@@ -67,7 +67,8 @@ def test_the_script_reads_a_trained_run_and_refuses_other_folders(tmp_path, caps
     assert diag.main([str(run), "--episodes", "4", "--json", str(out), "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = capsys.readouterr().out
-    assert table.startswith("| run | exact |") and f"| {run} |" in table
+    assert table.startswith("| run | greedy return | exact |") and f"| {run} |" in table
+    assert "| reference on popgym:CountRecallEasy: a clock (expected) | -0.443 | 28% |" in table
     (result,) = json.loads(out.read_text())
     assert result["episodes"] == 4 and 0.0 <= result["exact"] <= result["within_one"] <= 1.0
     assert set(result["rings"]) == {"fast", "slow"}  # popgym.yaml's LRU has both rings
@@ -100,8 +101,35 @@ def test_the_script_reads_a_recurrentppo_policy_saved_by_the_memory_suite(tmp_pa
     record.write_text(json.dumps(suite.run_sb3("CountRecallEasy", 3, record, steps=256)))
     capsys.readouterr()
     assert diag.main([str(record.with_suffix(".zip")), "--episodes", "4"]) == 0
-    row = capsys.readouterr().out.splitlines()[-1]
-    assert row.startswith(f"| {record.with_suffix('.zip')} |") and row.endswith("| - | - |")  # no LRU rings
+    (row,) = [
+        line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {record.with_suffix('.zip')} |")
+    ]
+    assert row.endswith("| - | - |")  # no LRU rings
     assert diag.arm_of(str(record.with_suffix(".zip"))) == "ppo_lstm"
     with pytest.raises(FileNotFoundError, match="RecurrentPPO seed<k>.zip"):
         diag.main([str(tmp_path / "missing.zip")])
+
+
+@pytest.mark.parametrize("same_known", [False, True])
+def test_the_reference_policies_expected_returns_match_popgyms_rewards(same_known):
+    """The exact expected return of the clock references against their play in POPGym itself (Monte Carlo)."""
+    import popgym.envs
+
+    env = popgym.envs.CountRecallEasy()
+    cards, kinds = diag.deck_of("popgym:CountRecallEasy")
+    assert (cards, kinds) == (52, 2)
+    rng = np.random.default_rng(7)
+    returns = []
+    for _ in range(1500):
+        (dealt, asked), _ = env.reset(seed=int(rng.integers(2**31)))
+        step, total, done = 1, 0.0, False
+        while not done:
+            answer = diag.reference_answer(cards, kinds, step, bool(dealt == asked) if same_known else None)
+            (dealt, asked), reward, terminated, truncated, _ = env.step(answer)
+            total, step, done = total + reward, step + 1, terminated or truncated
+        returns.append(total)
+    name = "a clock and this card" if same_known else "a clock"
+    expected = diag.references("popgym:CountRecallEasy")[name]["return"]
+    stderr = np.std(returns) / np.sqrt(len(returns))
+    assert abs(np.mean(returns) - expected) < 4 * stderr + 1e-3, (np.mean(returns), expected, stderr)
+    assert diag.references("popgym:CountRecallEasy")["counts each kind"]["return"] == 1.0
