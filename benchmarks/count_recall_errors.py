@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -80,13 +81,20 @@ def deck_of(env_id: str) -> tuple[int, int]:
     return int(env.value_deck.num_cards), int(env.num_distinct_cards)
 
 
-def reference_answer(cards: int, kinds: int, step: int, same: bool | None) -> int:
-    """The likeliest count for a policy that knows only how many cards are dealt (``step``, this one included) and,
-    unless ``same`` is None, whether this step's card is of the asked kind: no count of any kind is kept."""
+def clock_law(cards: int, kinds: int, step: int, same: bool | None) -> tuple[int, np.ndarray]:
+    """What a policy that keeps no count knows of the asked kind's count: it knows how many cards are dealt (``step``,
+    this one included) and, unless ``same`` is None, whether this step's card is of the asked kind. Returns (offset,
+    law): the count is offset + k with probability law[k]."""
     per = cards // kinds
     if same is None:
-        return int(hypergeometric(cards, per, step, per).argmax())
-    return int(same) + int(hypergeometric(cards - 1, per - int(same), step - 1, per).argmax())
+        return 0, hypergeometric(cards, per, step, per)
+    return int(same), hypergeometric(cards - 1, per - int(same), step - 1, per)
+
+
+def reference_answer(cards: int, kinds: int, step: int, same: bool | None) -> int:
+    """The likeliest count for a policy that keeps no count (:func:`clock_law`)."""
+    offset, law = clock_law(cards, kinds, step, same)
+    return offset + int(law.argmax())
 
 
 def references(env_id: str) -> dict[str, dict[str, Any]]:
@@ -95,11 +103,10 @@ def references(env_id: str) -> dict[str, dict[str, Any]]:
     a clock that also sees whether this step's card is of the asked kind (the asked kind is drawn from a deck of its
     own, so it matches with probability 1 / kinds)."""
     cards, kinds = deck_of(env_id)
-    per, length = cards // kinds, cards - 1
-    clock = [hypergeometric(cards, per, t, per).max() for t in range(1, length + 1)]
+    length = cards - 1
+    clock = [clock_law(cards, kinds, t, None)[1].max() for t in range(1, length + 1)]
     card = [
-        hypergeometric(cards - 1, per - 1, t - 1, per).max() / kinds
-        + hypergeometric(cards - 1, per, t - 1, per).max() * (1 - 1 / kinds)
+        clock_law(cards, kinds, t, True)[1].max() / kinds + clock_law(cards, kinds, t, False)[1].max() * (1 - 1 / kinds)
         for t in range(1, length + 1)
     ]
     quarter = np.minimum(np.arange(length) * QUARTERS // length, QUARTERS - 1)
@@ -164,36 +171,33 @@ class R2ACPlayer:
 
 class RecurrentPPOPlayer:
     """A RecurrentPPO policy saved by ``memory_suite.py`` (``seed<k>.zip``, its JSON beside it), greedy; its
-    features are its actor LSTM's output, what its policy MLP reads."""
+    features are its actor LSTM's output, what its policy MLP reads. Loaded and stepped by ``minigrid_cue.py``'s
+    :class:`RecurrentPPOAgent`."""
 
     def __init__(self, path: Path) -> None:
-        import pickle
+        here = str(Path(__file__).resolve().parent)
+        if here not in sys.path:  # the sibling script, as benchmarks/memory.py imports its own
+            sys.path.insert(0, here)
+        from minigrid_cue import RecurrentPPOAgent
 
-        from sb3_contrib import RecurrentPPO
-
-        record_file = path.with_suffix(".json")
-        if not path.is_file() or not record_file.is_file():
+        if not path.is_file() or not path.with_suffix(".json").is_file():
             raise FileNotFoundError(
                 f"{path} is not a RecurrentPPO seed<k>.zip saved by memory_suite.py (with its JSON)"
             )
-        record = json.loads(record_file.read_text())
+        self.policy = RecurrentPPOAgent(path)
         stem = path.stem.removeprefix("seed")  # `memory_suite.py sb3` alone writes no seed; its file name has it
+        record = self.policy.record
         self.env, self.seed = str(record["config"]["env"]), int(record.get("seed", stem if stem.isdigit() else 0))
-        self.model = RecurrentPPO.load(str(path), device="cpu")
-        stats = path.with_suffix(".vecnormalize.pkl")
-        self.normalize = pickle.loads(stats.read_bytes()).normalize_obs if stats.is_file() else None  # noqa: S301
-        self.state: Any = None
 
     def act(self, obs: np.ndarray, reward: np.ndarray, reset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        seen = obs if self.normalize is None else self.normalize(obs)
-        actions, self.state = self.model.predict(seen, state=self.state, episode_start=reset, deterministic=True)
-        return np.asarray(actions), np.asarray(self.state[0][-1])  # the last LSTM layer's output at this step
+        actions = self.policy.act(obs, reward, reset, greedy=True)
+        return actions, np.asarray(self.policy.state[0][-1])  # the last LSTM layer's output at this step
 
     def rings(self, length: int) -> dict[str, tuple[float, float]]:
         return {}
 
     def close(self) -> None:
-        self.state = None
+        self.policy.state = None
 
 
 def load_player(path: Path) -> R2ACPlayer | RecurrentPPOPlayer:

@@ -79,6 +79,7 @@ class RecurrentPPOAgent:
         from sb3_contrib import RecurrentPPO
 
         record = json.loads(path.with_suffix(".json").read_text()) if path.with_suffix(".json").is_file() else {}
+        self.record = record  # the run's JSON (its config and seed), for scripts that read other envs
         self.env = str(record.get("config", {}).get("env", ENV)).removeprefix("minigrid:")
         self.seed = int(record.get("seed", 0))
         self.model = RecurrentPPO.load(str(path), device="cpu")
