@@ -1076,7 +1076,10 @@ def run_suite(args: argparse.Namespace) -> None:
 # report: markdown table + learning-curve figure
 # ----------------------------------------------------------------------------------------------------------------
 def load_records(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/*/seed*.json"))]
+    """Every finished run under ``out``, by env, method and seed (seed 10 after seed 9, not after seed 1)."""
+    paths = (out / "runs").glob("*/*/seed*.json")
+    order = sorted(paths, key=lambda p: (p.parent.parent.name, p.parent.name, int(p.stem.removeprefix("seed"))))
+    return [json.loads(p.read_text()) for p in order]
 
 
 def _mean_std(values: list[float]) -> str:

@@ -167,6 +167,19 @@ def test_the_report_gives_cpu_minutes_where_runs_recorded_them(tmp_path):
     assert "| CPU min / run |" in table and "| 1.0 | 2.0 (1 of 2) |" in table
 
 
+def test_the_report_lists_seeds_in_numeric_order(tmp_path):
+    import json
+
+    curve = [0.1] * suite.POINTS
+    for seed in (11, 2, 10, 0):
+        record = {"env": "CountRecallEasy", "method": "rtrl", "seed": seed, "budget": 10, "wall_s": 60.0, "eval": 0.0,
+                  "grid": list(range(suite.POINTS)), "curve": curve, **suite.scores(curve)}  # fmt: skip
+        path = suite.job_path(tmp_path, "CountRecallEasy", "rtrl", seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record))
+    assert "| 4 (0, 2, 10, 11) |" in suite.report(tmp_path).read_text()
+
+
 def test_an_arm_has_one_colour_in_every_panel_of_the_figure(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
