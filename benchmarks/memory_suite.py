@@ -1208,6 +1208,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         if args.preview:
             args.budget_scale, args.out = 0.25, str(Path(args.out) / "preview")
+        if any(seed < 0 for seed in args.seeds):
+            parser.error(f"--seeds must be 0 or more (each names a run's env streams), got {args.seeds}")
         if not args.budget_scale > 0:
             parser.error(
                 f"--budget-scale must be above 0 (a fraction or multiple of each env's budget), got {args.budget_scale:g}"

@@ -163,6 +163,8 @@ class ExperimentConfig:
                 "the method (rtrl/tbptt/snap) then only sets M for the rollouts."
             )
         METHODS.resolve(self.method)  # an unknown name fails here, listing the choices
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be an int from 0 to 2**32 - 1 (numpy's seed range), got {self.seed!r}.")
         if self.layers is not None:
             if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 1:
                 raise ValueError(f"layers must be an int >= 1 (or null for one layer), got {self.layers!r}.")

@@ -209,6 +209,9 @@ def test_a_run_at_another_budget_does_not_pass_off_the_folders_runs_as_its_own(t
     with pytest.raises(SystemExit):  # a budget of nothing is refused before any run
         suite.main([*args, "--budget-scale", "0"])
     assert "--budget-scale must be above 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a negative seed, before any run (it failed inside each child before)
+        suite.main([*args[:-1], "-1"])
+    assert "--seeds must be 0 or more" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("method", sorted(suite.R2AC_METHODS))

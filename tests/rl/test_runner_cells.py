@@ -78,6 +78,15 @@ def test_minibatches_that_do_not_divide_the_streams_are_refused_before_any_run(t
     assert parse_experiment([*TINY, "--num_envs", "6", "--r2ac.minibatches", "3"]).r2ac.minibatches == 3
 
 
+def test_a_negative_seed_is_refused_before_any_run(tmp_path, capsys):
+    """Before, it surfaced as Lightning's seed_everything traceback, after the run folder was written."""
+    with pytest.raises(SystemExit):
+        parse_experiment([*TINY, "--seed", "-1", "--out_dir", str(tmp_path / "run")])
+    assert "seed must be an int from 0 to 2**32 - 1" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+    assert parse_experiment([*TINY, "--seed", "11"]).seed == 11
+
+
 def test_core_norm_reaches_the_agent(tmp_path):
     assert isinstance(build(parse_experiment(TINY))[0].core_norm, torch.nn.Identity)  # the paper's heads by default
     model, *_ = build(parse_experiment([*TINY, "--core_norm", "true", "--out_dir", str(tmp_path)]))
