@@ -90,7 +90,7 @@ class ExperimentConfig:
     r2ac: R2ACConfig = field(default_factory=R2ACConfig)
     """Losses and optimiser (the paper's defaults)."""
     seed: int = 0
-    """Seeds torch/numpy and the envs: training and evaluation streams are derived from it with
+    """Seeds torch/numpy and the envs (0 to 2**32 - 1): training and evaluation streams are derived from it with
     ``numpy.random.SeedSequence`` (``onlinerec.rl.envs.run_env_seed``), so runs with different seeds share no stream."""
     eval_episodes: int = 10
     """Greedy evaluation episodes after training (0: none)."""
