@@ -1155,6 +1155,7 @@ def figure(records: list[dict[str, Any]], envs: list[str], methods: list[str], p
             ax.axhline(ENVS[env].random_return, color="gray", linestyle=":", linewidth=1)
         ax.set_title(env)
         ax.set_xlabel("agent steps")
+        ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:g}k" if x else "0")  # 200000 ran into its neighbours
         ax.set_ylabel(f"return (last {ENVS[env].window} episodes)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
