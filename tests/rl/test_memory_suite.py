@@ -151,32 +151,28 @@ def test_a_child_runs_cpu_time_is_measured_and_a_failure_is_its_exit_status(tmp_
     assert code == 3 and "boom" in (tmp_path / "b.log").read_text()
 
 
-def test_the_report_gives_cpu_minutes_where_runs_recorded_them(tmp_path):
+def _finished_run(out, seed: int, **fields) -> None:
+    """A finished CountRecallEasy ``rtrl`` run's record, as ``run`` writes it, with ``fields`` added."""
     import json
 
     curve = [0.1] * suite.POINTS
-    for seed, cpu in ((0, 120.0), (1, None)):
-        record = {"env": "CountRecallEasy", "method": "rtrl", "seed": seed, "budget": 10, "wall_s": 60.0, "eval": 0.0,
-                  "grid": list(range(suite.POINTS)), "curve": curve, **suite.scores(curve)}  # fmt: skip
-        if cpu is not None:
-            record["cpu_s"] = cpu
-        path = suite.job_path(tmp_path, "CountRecallEasy", "rtrl", seed)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record))
+    record = {"env": "CountRecallEasy", "method": "rtrl", "seed": seed, "budget": 10, "wall_s": 60.0, "eval": 0.0,
+              "grid": list(range(suite.POINTS)), "curve": curve, **suite.scores(curve), **fields}  # fmt: skip
+    path = suite.job_path(out, "CountRecallEasy", "rtrl", seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+
+
+def test_the_report_gives_cpu_minutes_where_runs_recorded_them(tmp_path):
+    _finished_run(tmp_path, 0, cpu_s=120.0)
+    _finished_run(tmp_path, 1)  # runs before CPU time was recorded have none
     table = suite.report(tmp_path).read_text()
     assert "| CPU min / run |" in table and "| 1.0 | 2.0 (1 of 2) |" in table
 
 
 def test_the_report_lists_seeds_in_numeric_order(tmp_path):
-    import json
-
-    curve = [0.1] * suite.POINTS
     for seed in (11, 2, 10, 0):
-        record = {"env": "CountRecallEasy", "method": "rtrl", "seed": seed, "budget": 10, "wall_s": 60.0, "eval": 0.0,
-                  "grid": list(range(suite.POINTS)), "curve": curve, **suite.scores(curve)}  # fmt: skip
-        path = suite.job_path(tmp_path, "CountRecallEasy", "rtrl", seed)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record))
+        _finished_run(tmp_path, seed)
     assert "| 4 (0, 2, 10, 11) |" in suite.report(tmp_path).read_text()
 
 
