@@ -18,6 +18,7 @@ from onlinerec.cells import (
     MinGRUCell,
     MinLSTMCell,
     QRNNCell,
+    RTUCell,
     SRUCell,
     Stack,
     make_cell,
@@ -50,7 +51,7 @@ from onlinerec.training import (
     make_strategy,
 )
 
-__version__ = "0.2.0.dev0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CELLS",
@@ -79,6 +80,7 @@ __all__ = [
     "OnlineStrategy",
     "QRNNCell",
     "RTRLStrategy",
+    "RTUCell",
     "Registry",
     "SRUCell",
     "Segment",

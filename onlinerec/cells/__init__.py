@@ -16,6 +16,7 @@ from onlinerec.cells.lru import LRUCell
 from onlinerec.cells.minimal import MinGRUCell, MinLSTMCell
 from onlinerec.cells.parallel import Parallel
 from onlinerec.cells.qrnn import QRNNCell
+from onlinerec.cells.rtu import RTUCell
 from onlinerec.cells.sru import SRUCell
 from onlinerec.cells.stack import Stack
 from onlinerec.registry import Registry
@@ -29,6 +30,7 @@ CELLS: Registry[ElementwiseCell] = Registry(
         "qrnn": QRNNCell,
         "sru": SRUCell,
         "lru": LRUCell,
+        "rtu": RTUCell,
         "mingru": MinGRUCell,
         "minlstm": MinLSTMCell,
         "indrnn": IndRNNCell,
@@ -263,6 +265,7 @@ __all__ = [
     "MinLSTMCell",
     "Parallel",
     "QRNNCell",
+    "RTUCell",
     "SRUCell",
     "Stack",
     "build_cell_spec",

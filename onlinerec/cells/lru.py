@@ -33,7 +33,7 @@ class LRUCell(ElementwiseCell):
     - ``slow_fraction`` > 0 draws the last ``round(slow_fraction * N)`` units from a second ring instead,
       ``slow_r_min <= |lambda| <= r_max`` with phases in [0, ``slow_max_phase``] (defaults 0.95 and pi/10): slow units
       that neither fade nor rotate, which count or integrate over long spans, next to the fast units of the first ring
-      (docs/r2ac.md#tuning-r2ac measures both kinds of memory task). 0 (the default) is the paper's single ring.
+      (docs/r2ac.md#the-networks-options measures both kinds of memory task). 0 (the default) is the paper's single ring.
     - The readout is feed-forward (dense C: ``output_re``, ``output_im`` of shape (D, N), N(0, 1/N); ``skip`` = D of
       shape (D,), N(0, 1)) and maps back to the input width: ``output_size == input_size``, so layers stack with a
       residual connection.
@@ -75,10 +75,11 @@ class LRUCell(ElementwiseCell):
         self.input_proj = nn.Linear(d, 2 * n, bias=False)  # [B_re; B_im]
         u1, u2 = torch.rand(n), torch.rand(n)
         fast = n - round(slow_fraction * n)
-        nu_log, theta_log = torch.empty(n), torch.empty(n)
-        for units, lo, phase in ((slice(0, fast), r_min, max_phase), (slice(fast, n), slow_r_min, slow_max_phase)):
-            nu_log[units] = torch.log(-0.5 * torch.log(u1[units] * (r_max**2 - lo**2) + lo**2))
-            theta_log[units] = torch.log(phase * u2[units])
+        rings = [
+            ring_parameters(u1[units], u2[units], lo, r_max, phase)
+            for units, lo, phase in ((slice(0, fast), r_min, max_phase), (slice(fast, n), slow_r_min, slow_max_phase))
+        ]
+        nu_log, theta_log = (torch.cat(parts) for parts in zip(*rings))
         self.nu_log = nn.Parameter(nu_log)
         self.theta_log = nn.Parameter(theta_log)
         self.train_gamma = train_gamma
@@ -95,7 +96,7 @@ class LRUCell(ElementwiseCell):
         return self.input_size
 
     def recurrence(self, gates: Tensor, c_prev: Tensor) -> Tensor:
-        _, _, lam_re, lam_im, gamma = _eigenvalue(self.nu_log, self.theta_log, self.gamma_log)
+        _, _, lam_re, lam_im, gamma = eigenvalue(self.nu_log, self.theta_log, self.gamma_log)
         h_re, h_im = c_prev[..., 0, :], c_prev[..., 1, :]
         new_re = lam_re * h_re - lam_im * h_im + gamma * gates[..., 0, :]
         new_im = lam_re * h_im + lam_im * h_re + gamma * gates[..., 1, :]
@@ -108,25 +109,10 @@ class LRUCell(ElementwiseCell):
         # Closed form, about 5x faster than autodiff at the Atari shape (checked against autodiff before use):
         # dc/dc_prev is the rotation-and-decay block of lambda; dlambda/dnu_log = -exp(nu_log) lambda and
         # dlambda/dtheta_log = i exp(theta_log) lambda; dc/dgates = gamma on the diagonal.
-        r = c_prev.shape[0]
         nu_log, theta_log = params.get("nu_log", self.nu_log), params.get("theta_log", self.theta_log)
-        gamma_log = params.get("gamma_log", self.gamma_log)
-        e, phase, lam_re, lam_im, gamma = _eigenvalue(nu_log, theta_log, gamma_log)
-        h_re, h_im = c_prev[:, 0], c_prev[:, 1]
-        rot_re, rot_im = lam_re * h_re - lam_im * h_im, lam_re * h_im + lam_im * h_re  # lambda h
-        in_re, in_im = gamma * gates[:, 0], gamma * gates[:, 1]
-        value = torch.stack([rot_re + in_re, rot_im + in_im], dim=1)
-        d_state = torch.stack([torch.stack([lam_re, -lam_im]), torch.stack([lam_im, lam_re])]).expand(r, -1, -1, -1)
-        zero = torch.zeros_like(gamma)
-        d_gates = torch.stack([torch.stack([gamma, zero]), torch.stack([zero, gamma])]).expand(r, -1, -1, -1)
-        d_nu = torch.stack([-e * rot_re, -e * rot_im], dim=1)
-        if gamma_log is None:  # gamma = sqrt(1 - exp(-2 e)) depends on nu_log too
-            d_nu = d_nu + (e * torch.exp(-2 * e) / gamma) * gates
-        d_params = {
-            "nu_log": d_nu,
-            "theta_log": torch.stack([-phase * rot_im, phase * rot_re], dim=1),
-            "gamma_log": torch.stack([in_re, in_im], dim=1),
-        }
+        value, d_state, d_gates, d_params = rotation_derivatives(
+            gates, c_prev, nu_log, theta_log, params.get("gamma_log", self.gamma_log)
+        )
         return value, d_state, d_gates, {k: d.unsqueeze(2) for k, d in d_params.items() if k in params}
 
     def readout(self, c: Tensor, x: Tensor) -> Tensor:
@@ -136,7 +122,42 @@ class LRUCell(ElementwiseCell):
         return f"{super().extra_repr()}, train_gamma={self.train_gamma}"
 
 
-def _eigenvalue(nu_log: Tensor, theta_log: Tensor, gamma_log: Tensor | None) -> tuple[Tensor, ...]:
+def ring_parameters(u1: Tensor, u2: Tensor, r_min: float, r_max: float, max_phase: float) -> tuple[Tensor, Tensor]:
+    """(nu_log, theta_log) of units with |lambda| uniform in area on the ring r_min <= |lambda| <= r_max and the phase
+    uniform in [0, max_phase] (Orvieto et al. 2023, their Lemma 3.2), for lambda = exp(-exp(nu_log) + i exp(theta_log)),
+    from uniform draws u1, u2 in [0, 1), one per unit."""
+    return torch.log(-0.5 * torch.log(u1 * (r_max**2 - r_min**2) + r_min**2)), torch.log(max_phase * u2)
+
+
+def rotation_derivatives(
+    gates: Tensor, c_prev: Tensor, nu_log: Tensor, theta_log: Tensor, gamma_log: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]:
+    """The step a = lambda c_prev + gamma gates of a complex diagonal unit (rows (R, 2, ...)) and its local derivatives
+    in closed form: da/dc_prev is the rotation-and-decay block of lambda, dlambda/dnu_log = -exp(nu_log) lambda,
+    dlambda/dtheta_log = i exp(theta_log) lambda, da/dgates = gamma on the diagonal; gamma = exp(gamma_log), or
+    sqrt(1 - |lambda|^2) (which also depends on nu_log) for ``gamma_log=None``. Returns (a, d_state (R, 2, 2, N),
+    d_gates (R, 2, 2, N), {"nu_log", "theta_log", "gamma_log": (R, 2, N)})."""
+    r = c_prev.shape[0]
+    e, phase, lam_re, lam_im, gamma = eigenvalue(nu_log, theta_log, gamma_log)
+    h_re, h_im = c_prev[:, 0], c_prev[:, 1]
+    rot_re, rot_im = lam_re * h_re - lam_im * h_im, lam_re * h_im + lam_im * h_re  # lambda h
+    in_re, in_im = gamma * gates[:, 0], gamma * gates[:, 1]
+    value = torch.stack([rot_re + in_re, rot_im + in_im], dim=1)
+    d_state = torch.stack([torch.stack([lam_re, -lam_im]), torch.stack([lam_im, lam_re])]).expand(r, -1, -1, -1)
+    zero = torch.zeros_like(gamma)
+    d_gates = torch.stack([torch.stack([gamma, zero]), torch.stack([zero, gamma])]).expand(r, -1, -1, -1)
+    d_nu = torch.stack([-e * rot_re, -e * rot_im], dim=1)
+    if gamma_log is None:  # gamma = sqrt(1 - exp(-2 e)) depends on nu_log too
+        d_nu = d_nu + (e * torch.exp(-2 * e) / gamma) * gates
+    d_params = {
+        "nu_log": d_nu,
+        "theta_log": torch.stack([-phase * rot_im, phase * rot_re], dim=1),
+        "gamma_log": torch.stack([in_re, in_im], dim=1),
+    }
+    return value, d_state, d_gates, d_params
+
+
+def eigenvalue(nu_log: Tensor, theta_log: Tensor, gamma_log: Tensor | None) -> tuple[Tensor, ...]:
     """(exp(nu_log), the phase exp(theta_log), Re lambda, Im lambda, gamma) for lambda = exp(-exp(nu_log) + i phase);
     gamma = exp(gamma_log), or sqrt(1 - |lambda|^2) when it is not trained."""
     e, phase = torch.exp(nu_log), torch.exp(theta_log)

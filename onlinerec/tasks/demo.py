@@ -54,6 +54,7 @@ CELL_LABELS = {
     "qrnn": "QRNN",
     "sru": "SRU",
     "lru": "LRU",
+    "rtu": "RTU",
     "mingru": "minGRU",
     "minlstm": "minLSTM",
     "indrnn": "IndRNN",

@@ -1,4 +1,4 @@
-"""The in-place fully online step (issue 15 item 1): ``unroll(..., donate=True)`` at M = 1 updates the carried
+"""The in-place fully online step: ``unroll(..., donate=True)`` at M = 1 updates the carried
 sensitivities in place, lazily scaled (docs/performance.md#the-m--1-online-step), and gives the gradients and
 sensitivities of the functional step, which leaves the old carry intact."""
 
@@ -9,7 +9,7 @@ import torch
 
 import onlinerec.gradients.sensitivity as sensitivity
 from onlinerec import RTRL, TBPTT, ELSTMCell, FELSTMCell, QRNNCell, SnAP, SRUCell
-from onlinerec.cells import GRUCell, IndRNNCell, LRUCell, MinGRUCell, MinLSTMCell, Stack
+from onlinerec.cells import GRUCell, IndRNNCell, LRUCell, MinGRUCell, MinLSTMCell, RTUCell, Stack
 from onlinerec.gradients.carry import Carry, StackCarry, load_carry
 from onlinerec.gradients.check import bptt_gradients, stepwise
 from tests.helpers import Regressor, quiet_trainer, rel_err
@@ -155,7 +155,7 @@ def test_folding_the_lazy_scale_is_exact(gather_max, problem, monkeypatch):
     assert_same_run(kept, run(RTRL(), cell, inputs, reset, weights, 1, donate=True))
 
 
-@pytest.mark.parametrize("cls", [ELSTMCell, LRUCell])  # scaled by a factor; by K x K blocks
+@pytest.mark.parametrize("cls", [ELSTMCell, LRUCell, RTUCell])  # scaled by a factor; by K x K blocks
 @pytest.mark.parametrize("seg_lens", [(1, 1, 4, 1, 3, 1), (1, 2, 1, 1)])
 def test_mixed_segment_lengths_after_donated_steps(seg_lens, cls, problem):
     """M > 1 segments from a lazily scaled carry (donated: folded in place; kept: computed) stay exact."""
@@ -242,7 +242,7 @@ def test_a_stack_donates_every_layer(problem):
     assert [layer.scale is not None for layer in donated[2].layers] == [True, True, True]  # the LRU's: K x K blocks
 
 
-@pytest.mark.parametrize("cls", [ELSTMCell, LRUCell])  # a (B, N) scale; K x K blocks (B, K, K, N)
+@pytest.mark.parametrize("cls", [ELSTMCell, LRUCell, RTUCell])  # a (B, N) scale; K x K blocks (B, K, K, N)
 def test_a_scaled_carry_round_trips_and_resumes_bit_for_bit(cls, problem):
     inputs, reset, weights, d, n = problem
     cell, method = make(cls, d, n), RTRL()
@@ -344,7 +344,7 @@ def test_the_module_donates_its_training_streams_and_trains_as_before(monkeypatc
 
 
 # -- M > 1: the donated carry is written over the old sensitivities once backward has read them ----------------------
-@pytest.mark.parametrize("cls", [*K1_CELLS, LRUCell])
+@pytest.mark.parametrize("cls", [*K1_CELLS, LRUCell, RTUCell])
 def test_donated_segments_equal_the_functional_ones_and_full_bptt(cls, problem):
     inputs, reset, weights, d, n = problem
     cell = make(cls, d, n)
@@ -358,7 +358,7 @@ def test_donated_segments_equal_the_functional_ones_and_full_bptt(cls, problem):
         assert rel_err(total[name], expected[name]) <= 1e-10, name
 
 
-@pytest.mark.parametrize("cls", [ELSTMCell, LRUCell])
+@pytest.mark.parametrize("cls", [ELSTMCell, LRUCell, RTUCell])
 def test_a_donated_segment_overwrites_the_old_sensitivities_after_backward(cls, problem):
     inputs, reset, _, d, n = problem
     cell, method = make(cls, d, n), RTRL()
@@ -376,7 +376,7 @@ def test_a_donated_segment_overwrites_the_old_sensitivities_after_backward(cls, 
         assert rel_err(got[k], v) <= 1e-12, k
 
 
-@pytest.mark.parametrize("cls", [ELSTMCell, LRUCell])
+@pytest.mark.parametrize("cls", [ELSTMCell, LRUCell, RTUCell])
 def test_reading_a_donated_carry_before_backward_keeps_the_gradient_exact(cls, problem):
     """A carry read before backward (a checkpoint, the next segment) is computed out of place; S_0 stays intact."""
     inputs, reset, weights, d, n = problem
@@ -434,7 +434,7 @@ def test_a_second_backward_through_a_donated_segment_is_refused_with_the_fix(pro
         states.sum().backward()
 
 
-@pytest.mark.parametrize("cls", [FELSTMCell, GRUCell, LRUCell])
+@pytest.mark.parametrize("cls", [FELSTMCell, GRUCell, LRUCell, RTUCell])
 def test_snap_donated_segments_equal_the_functional_ones(cls, problem):
     """SnAP's carry (approximate, and with dense recurrent weights for fully recurrent cells) takes the same deferred
     path: the same gradients and carries as without donation."""
