@@ -1,9 +1,9 @@
-"""Copy task, pattern length 50 (issue 12, item 6): fully online RTRL (M = 1, an update at every token, as the paper's
+"""Copy task, pattern length 50: fully online RTRL (M = 1, an update at every token, as the paper's
 copy experiments) against TBPTT at a few M and against full-sequence BPTT, with the fixed vocabulary, on the
 held-out (test) set, several seeds. CPU-sized: eLSTM N = 128, B = 32 streams, Adam lr 1e-3 (docs/copy_task.md).
 
-Every arm sees the same training sequences in the same order (data seed = run seed) for the same number of tokens;
-the arms differ in how the gradient is cut and how often the weights move:
+Every method sees the same training sequences in the same order (data seed = run seed) for the same number of tokens;
+the methods differ in how the gradient is cut and how often the weights move:
 
 - ``rtrl-M1``: ``RTRLStrategy(M=1)`` on the streams of whole sequences (one update per token, exact gradient of the
   past through the carried sensitivities);
@@ -11,7 +11,7 @@ the arms differ in how the gradient is cut and how often the weights move:
 - ``bptt-full``: full-sequence BPTT, one update per batch of B whole sequences: every sequence is padded with blank
   inputs and ignored targets to 2T = 100 steps, so that ``TBPTTStrategy(M=100)`` segments are exactly the sequences.
 
-One JSON per run in ``<out>/<arm>/seed<k>.json`` (skipped when it exists: resumable); ``report`` writes the table.
+One JSON per run in ``<out>/<method>/seed<k>.json`` (skipped when it exists: resumable); ``report`` writes the table.
 
 Usage::
 
@@ -32,11 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
-ARMS = ["rtrl-M1", "tbptt-M1", "tbptt-M10", "tbptt-M50", "bptt-full"]
+METHODS = ["rtrl-M1", "tbptt-M1", "tbptt-M10", "tbptt-M50", "bptt-full"]
 LEVEL = 50
 
 
-def run_one(arm, seed, tokens, hidden, streams, lr, test_size, forget_bias):
+def run_one(name, seed, tokens, hidden, streams, lr, test_size, forget_bias):
     import lightning as L
     import torch
 
@@ -47,7 +47,7 @@ def run_one(arm, seed, tokens, hidden, streams, lr, test_size, forget_bias):
 
     torch.set_num_threads(1)
     L.seed_everything(seed, verbose=False)
-    method, _, m = arm.partition("-")
+    method, _, m = name.partition("-")
     full = method == "bptt"
     M = 2 * LEVEL if full else int(m[1:])
 
@@ -94,7 +94,7 @@ def run_one(arm, seed, tokens, hidden, streams, lr, test_size, forget_bias):
     train_seconds = time.perf_counter() - start
     test = trainer.test(model, dm, verbose=False)[0]
     return {
-        "arm": arm,
+        "method": name,
         "seed": seed,
         "M": M,
         "updates": int(trainer.global_step),
@@ -109,12 +109,12 @@ def run_one(arm, seed, tokens, hidden, streams, lr, test_size, forget_bias):
     }
 
 
-def job(arm, seed, args):
-    path = Path(args.out) / arm / f"seed{seed}.json"
+def job(method, seed, args):
+    path = Path(args.out) / method / f"seed{seed}.json"
     if path.exists():
         return json.loads(path.read_text()), True
     path.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "one", "--arm", arm, "--seed", str(seed),
+    cmd = [sys.executable, str(Path(__file__).resolve()), "one", "--method", method, "--seed", str(seed),
            "--tokens", str(args.tokens), "--hidden", str(args.hidden), "--streams", str(args.streams),
            "--lr", str(args.lr), "--test-size", str(args.test_size), "--forget-bias", str(args.forget_bias),
            "--json", str(path)]  # fmt: skip
@@ -131,10 +131,10 @@ def job(arm, seed, args):
 
 
 def report(out: Path) -> None:
-    rows = ["| arm | M | updates | seeds | test sequence acc. | test print acc. | test no-op acc. | CPU-min / run |",
+    rows = ["| method | M | updates | seeds | test sequence acc. | test print acc. | test no-op acc. | CPU-min / run |",
             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for arm in ARMS:
-        recs = [json.loads(p.read_text()) for p in sorted((out / arm).glob("seed*.json"))]
+    for method in METHODS:
+        recs = [json.loads(p.read_text()) for p in sorted((out / method).glob("seed*.json"))]
         if not recs:
             continue
 
@@ -143,7 +143,7 @@ def report(out: Path) -> None:
             return f"{v.mean():.1f} % ± {v.std():.1f}" + f" ({', '.join(f'{x:.1f}' for x in v)})"
 
         rows.append(
-            f"| {arm} | {recs[0]['M']} | {recs[0]['updates']:,} | {len(recs)} | {ms('seq_acc')} | {ms('print_acc')} "
+            f"| {method} | {recs[0]['M']} | {recs[0]['updates']:,} | {len(recs)} | {ms('seq_acc')} | {ms('print_acc')} "
             f"| {ms('noop_acc')} | {np.mean([r['train_seconds'] for r in recs]) / 60:.1f} |"
         )
     (out / "table.md").write_text("\n".join(rows) + "\n")
@@ -163,11 +163,11 @@ def main(argv=None) -> int:
         s.add_argument("--forget-bias", type=float, default=0.0, help="eLSTM forget-gate bias at initialisation")
         if name == "run":
             s.add_argument("--out", default="runs/copy_suite")
-            s.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS)
+            s.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
             s.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
             s.add_argument("--jobs", type=int, default=2)
         else:
-            s.add_argument("--arm", required=True, choices=ARMS)
+            s.add_argument("--method", required=True, choices=METHODS)
             s.add_argument("--seed", type=int, required=True)
             s.add_argument("--json", required=True)
     r = sub.add_parser("report")
@@ -177,11 +177,11 @@ def main(argv=None) -> int:
         report(Path(args.out))
     elif args.command == "one":
         rec = run_one(
-            args.arm, args.seed, args.tokens, args.hidden, args.streams, args.lr, args.test_size, args.forget_bias
+            args.method, args.seed, args.tokens, args.hidden, args.streams, args.lr, args.test_size, args.forget_bias
         )
         Path(args.json).write_text(json.dumps(rec, indent=1))
     else:
-        todo = [(a, s) for s in args.seeds for a in args.arms]
+        todo = [(a, s) for s in args.seeds for a in args.methods]
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
             futures = {pool.submit(job, a, s, args): (a, s) for a, s in todo}
             for k, f in enumerate(concurrent.futures.as_completed(futures), 1):

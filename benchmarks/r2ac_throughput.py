@@ -184,8 +184,8 @@ def sb3_vec_env(env: TimedEnv):
 
 
 def nchw_stem_forward(stem: Any, obs: Any) -> Any:
-    """``NatureStem`` / ``ImpalaStem`` forward as it was before issue 15 (contiguous NCHW activations, scaling by a
-    division after the conversion): the ``r2ac-rtrl-nchw`` configuration, to measure what the channels-last stems
+    """``NatureStem`` / ``ImpalaStem`` forward with contiguous NCHW activations, scaling by a
+    division after the conversion: the ``r2ac-rtrl-nchw`` configuration, to measure what the channels-last stems
     and the one-op scaling changed. Same parameters, same outputs to ~1e-7."""
     import torch
 
@@ -358,7 +358,7 @@ def run_r2ac(
     )
     obs_shape, num_actions, _ = dm.env_spaces()
     model = R2AC(num_actions, obs_shape, cell="elstm", hidden_size=256, stem=opts.stem, fc_size=256)
-    if nchw_stem:  # the stem as before issue 15, for the before/after comparison
+    if nchw_stem:  # the NCHW stem, for comparison with the channels-last one
         model.stem.forward = types.MethodType(nchw_stem_forward, model.stem)
     name = f"r2ac-{method}" + ("-nchw" if nchw_stem else "") + ("-async" if async_actor else "")
     result = RunResult(name, opts.M * opts.num_envs * FRAME_SKIP)

@@ -1,9 +1,11 @@
-"""What several test modules share: a relative error, the boring model, a quiet trainer, a benchmark script as a
-module."""
+"""What several test modules share: a relative error, the boring model, a quiet trainer, a benchmark or experiment
+script as a module."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -13,6 +15,8 @@ import lightning as L
 import torch
 
 from onlinerec import ELSTMCell, OnlineRecurrentModule
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -65,14 +69,40 @@ def tiny_copy_task_fit(root_dir: Any, steps: int, level: int, train_size: int, v
     ]  # fmt: skip
 
 
+def load_script(path: str, module: str | None = None) -> ModuleType:
+    """The repository's ``<path>.py`` ("benchmarks/memory", "experiments/minigrid_cue"; the scripts are not a package)
+    imported as the module ``module`` (default: its file name), once per process."""
+    module = module or Path(path).name
+    if module in sys.modules:
+        return sys.modules[module]
+    spec = importlib.util.spec_from_file_location(module, ROOT / f"{path}.py")
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[module] = loaded  # its dataclasses look their module up there, and class paths name it
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
 def load_benchmark(name: str) -> ModuleType:
-    """``benchmarks/<name>.py`` imported as the module ``name`` (the scripts are not a package), once per process."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(
-        name, Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    """``benchmarks/<name>.py`` imported as the module ``name``."""
+    return load_script(f"benchmarks/{name}")
+
+
+def load_experiment(name: str, module: str | None = None) -> ModuleType:
+    """``experiments/<name>.py`` imported as the module ``module`` (default ``name``). Give experiments/memory_suite.py
+    another name: ``memory_suite`` is benchmarks/memory_suite.py, which it imports."""
+    return load_script(f"experiments/{name}", module)
+
+
+def run_quick(path: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """The repository's script ``path`` ("benchmarks/memory.py") run with ``--quick`` and one torch thread, its output
+    captured."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, str(ROOT / path), "--quick", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
     )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up there, and class paths name it
-    spec.loader.exec_module(module)
-    return module

@@ -13,21 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from tests import helpers
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 
 
-def run_quick(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), "--quick", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=env,
-    )
+def run_quick(script: str, *args: str, timeout: int = 300):
+    return helpers.run_quick(f"benchmarks/{script}", *args, timeout=timeout)
 
 
 NUMBER = r"(\d+(\.\d+)?|nan)"
@@ -50,7 +43,8 @@ def test_r2ac_throughput_quick():
 
 
 def test_r2ac_throughput_quick_variants():
-    """The before-issue-15 stem and the background actor run (only ale-py needed), on the paper's Python env stack."""
+    """The channels-first (NCHW) stem and the background actor run (only ale-py needed), on the paper's Python env
+    stack."""
     pytest.importorskip("ale_py", reason="needs the atari extra: pip install -e '.[atari]'")
     proc = run_quick(
         "r2ac_throughput.py",
@@ -147,35 +141,6 @@ def test_rtrl_vs_tbptt_quick():
     )
     assert re.fullmatch(f"ratios rtrl/tbptt {fields}", last), last
     assert "nan" not in last
-
-
-def test_passes_logging_quick():
-    """Both settings, both ways of logging: one timing line each, then the ratios line."""
-    pytest.importorskip("popgym")
-    proc = run_quick("passes_logging.py")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.strip().splitlines()
-    assert sum(" CPU s / 1k steps" in line for line in lines) == 4, proc.stdout
-    assert re.fullmatch(f"ratios every/last popgym.yaml={NUMBER} long={NUMBER}", lines[-1]), lines[-1]
-
-
-def test_fused_update_quick():
-    """The fused-kernel prototype: its ratios line where numba is installed, else a clear message (exit 2)."""
-    proc = run_quick("fused_update.py", "--threads", "1")
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        assert proc.returncode == 2 and "needs numba" in proc.stderr and "pip install numba" in proc.stderr
-        return
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    last = proc.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(f"ratios torch/copy={NUMBER} numba/copy={NUMBER} torch/numba={NUMBER}", last), last
-    proc = run_quick("fused_update.py", "--threads", "1", "--compile")  # torch.compile's version too (needs g++)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    last = proc.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(
-        f"ratios torch/copy={NUMBER} numba/copy={NUMBER} torch/numba={NUMBER} torch/compiled={NUMBER}", last
-    ), last
 
 
 def test_memory_quick():

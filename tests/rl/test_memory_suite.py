@@ -1,17 +1,32 @@
-"""benchmarks/memory_suite.py's pieces, without running the suite: its R2AC configs are valid ``onlinerec rl`` configs,
-the scores are what docs/results.md says, and the RecurrentPPO arm acts in onlinerec's envs (same streams)."""
+"""benchmarks/memory_suite.py's pieces, without running the suite: its R2AC configs are valid ``onlinerec rl`` configs
+(the shipped ones exactly as they ship, and as the settings their results were measured with), the scores are what
+docs/results.md says, the report and the figure, and RecurrentPPO acts in onlinerec's envs (same streams)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 
 import numpy as np
 import pytest
 
-from tests.helpers import load_benchmark
+from tests.helpers import load_benchmark, load_experiment, load_script
 
 suite = load_benchmark("memory_suite")
+experiments = load_experiment("memory_suite", module="experiments_memory_suite")  # imports only: registers nothing
+
+CONTRACT = ["popgym", "long_segments", "cartpole_novel", "rtrl", "tbptt", "ff"]
+CONTRACT_SB3 = ["ppo_lstm", "ppo_lstm_zoo", "ppo_lstm_e20_lam08"]
+
+
+def test_the_suite_has_exactly_its_methods_and_every_popgym_env():
+    fresh = load_script("benchmarks/memory_suite", module="memory_suite_as_shipped")  # before any registration
+    assert list(fresh.R2AC_METHODS) == CONTRACT and list(fresh.SB3_METHODS) == CONTRACT_SB3
+    popgym = pytest.importorskip("popgym.envs")
+    names = {env.__name__ for env in popgym.ALL}
+    assert set(suite.ENVS) == names | {"MiniGridMemoryS7", "CartPoleNoVel"}
+    assert set(suite.SUITE_ENVS) <= set(suite.ENVS) and set(suite.DEFAULT_METHODS) <= set(CONTRACT + CONTRACT_SB3)
 
 
 def test_scores_final_mmer_auc():
@@ -26,7 +41,7 @@ def test_scores_final_mmer_auc():
 
 
 def parse_as_onlinerec_rl(cfg, tmp_path):
-    """An arm's config as ``onlinerec rl --config`` reads it (an unknown option or a bad value raises)."""
+    """A method's config as ``onlinerec rl --config`` reads it (an unknown option or a bad value raises)."""
     import yaml
 
     from onlinerec.rl.runner import parse_experiment
@@ -46,12 +61,56 @@ def test_r2ac_configs_parse_as_onlinerec_rl_configs(name, method, tmp_path):
     assert parsed.method == ("rtrl" if method.startswith("rtrl") else "tbptt")
 
 
-@pytest.mark.parametrize(("method", "gradient"), [("lru_passes", "rtrl"), ("lru_tbptt_passes", "tbptt")])
-def test_lru_arms_use_the_lru_with_its_own_settings_and_the_passes_options(method, gradient, tmp_path):
-    cfg = suite.r2ac_config("CartPoleNoVel", method, 0, tmp_path, 1000)
-    assert (cfg["cell"], cfg["method"], cfg["cell_kwargs"]) == ("lru", gradient, {})  # not the eLSTM's forget_bias
-    assert cfg["r2ac"]["epochs"] == 4 and cfg["r2ac"]["advantage_norm"] is True
-    assert suite.r2ac_config("CartPoleNoVel", "rtrl", 0, tmp_path, 1000)["cell_kwargs"] == {"forget_bias": 1.0}
+def _fields(cfg) -> dict:
+    """An ``ExperimentConfig`` field by field (``r2ac.<field>`` for its ``R2ACConfig``)."""
+    flat = dataclasses.asdict(cfg)
+    return {**{k: v for k, v in flat.items() if k != "r2ac"}, **{f"r2ac.{k}": v for k, v in flat["r2ac"].items()}}
+
+
+@pytest.mark.parametrize("name", list(suite.ENVS))
+@pytest.mark.parametrize(("method", "setting"), [(new, old) for old, new in experiments.SHIPPED.items()])
+def test_a_shipped_configs_method_is_the_setting_it_was_measured_as(method, setting, name, tmp_path, monkeypatch):
+    """``popgym``, ``long_segments`` and ``cartpole_novel`` give the same ``onlinerec rl`` config, field by field, as
+    the settings whose results docs/results.md reports (experiments/memory_suite.py), on every env: only the run
+    folder, named after the method, differs."""
+    monkeypatch.setitem(suite.R2AC_METHODS, setting, experiments.SETTINGS[setting])
+    steps = suite.ENVS[name].steps * (3 if method == "cartpole_novel" else 1)  # cartpole_novel.yaml's 3x budget
+    new = _fields(parse_as_onlinerec_rl(suite.r2ac_config(name, method, 2, tmp_path, steps), tmp_path))
+    old = _fields(parse_as_onlinerec_rl(suite.r2ac_config(name, setting, 2, tmp_path, steps), tmp_path))
+    assert new.keys() == old.keys()
+    for key in new:
+        if key == "out_dir":
+            assert (new[key], old[key]) == tuple(f"{tmp_path}/r2ac/{name}/{m}-seed2" for m in (method, setting))
+        else:
+            assert new[key] == old[key], key
+
+
+@pytest.mark.parametrize("method", ["popgym", "long_segments", "cartpole_novel"])
+def test_a_shipped_config_runs_in_the_suite_as_it_ships(method, tmp_path):
+    """On its own env and budget the suite changes only where a run writes, evaluates and logs."""
+    from onlinerec.rl.runner import parse_experiment
+
+    path = suite.CONFIGS / suite.R2AC_METHODS[method]["yaml"]
+    shipped = _fields(parse_experiment(["--config", str(path)]))
+    name = next(n for n, spec in suite.ENVS.items() if spec.env == shipped["env"])
+    ran = _fields(
+        parse_as_onlinerec_rl(suite.r2ac_config(name, method, 0, tmp_path, int(shipped["total_frames"])), tmp_path)
+    )
+    bookkeeping = {"out_dir", "eval_max_steps", "checkpoint_every", "log_every", "progress", "tensorboard"}
+    assert {k for k in shipped if shipped[k] != ran[k]} <= bookkeeping
+
+
+def test_an_env_with_a_wider_network_widens_a_shipped_config_as_it_widens_the_others(tmp_path):
+    cfg = suite.r2ac_config("MiniGridMemoryS7", "popgym", 0, tmp_path, 1000)
+    assert (cfg["hidden_size"], cfg["fc_size"]) == (128, 127)  # the stem one narrower, as in popgym.yaml
+    assert suite.r2ac_config("MiniGridMemoryS7", "rtrl", 0, tmp_path, 1000)["hidden_size"] == 128
+
+
+@pytest.mark.parametrize("method", CONTRACT)
+def test_every_r2ac_method_is_a_valid_onlinerec_rl_config(method, tmp_path):
+    cfg = suite.r2ac_config("CountRecallEasy", method, 0, tmp_path, 1000)
+    parsed = parse_as_onlinerec_rl(cfg, tmp_path)  # an unknown option or a bad value raises here
+    assert parsed.M == cfg["M"] and all(getattr(parsed.r2ac, k) == v for k, v in cfg["r2ac"].items())
 
 
 def test_sb3_adapter_acts_in_onlinerecs_streams():
@@ -61,7 +120,7 @@ def test_sb3_adapter_acts_in_onlinerecs_streams():
     seed = run_env_seed(0, purpose="train")
     env = suite.sb3_vec_env("gymnasium:CartPoleNoVel-v1", 4, seed, {})
     reference = make_vector_env("gymnasium:CartPoleNoVel-v1", 4, seed=seed)
-    np.testing.assert_array_equal(env.reset(), reference.reset()[0])  # the same streams as the R2AC arm
+    np.testing.assert_array_equal(env.reset(), reference.reset()[0])  # the same streams as R2AC's
     for _ in range(60):
         env.step_async(np.zeros(4, dtype=np.int64))
         obs, reward, done, infos = env.step_wait()
@@ -91,57 +150,48 @@ def test_rl_zoo_normalize_wraps_training_and_evaluation_sees_the_same_scaling(tm
     assert all(v > 5 for v in record["curve"] if np.isfinite(v))  # the env's own returns, not normalised rewards
 
 
-def test_a_recurrentppo_tuning_run_changes_one_setting_and_its_child_is_told_which(tmp_path):
+def test_a_recurrentppo_method_changes_the_envs_settings_and_its_child_is_told_which(tmp_path):
     base = suite.ENVS["CountRecallEasy"].sb3
     assert suite.sb3_settings("CountRecallEasy") == base
-    assert suite.sb3_settings("CountRecallEasy", "ppo_lstm_ent01") == {**base, "ent_coef": 0.01}
+    assert suite.sb3_settings("CountRecallEasy", "ppo_lstm_e20_lam08") == {**base, "n_epochs": 20, "gae_lambda": 0.8}
     assert "--variant" not in suite.sb3_args("CountRecallEasy", 0, 10, tmp_path / "a.json")
-    assert suite.sb3_args("CountRecallEasy", 0, 10, tmp_path / "a.json", "ppo_lstm_lr1e3")[-2:] == [
+    assert suite.sb3_args("CountRecallEasy", 0, 10, tmp_path / "a.json", "ppo_lstm_zoo")[-2:] == [
         "--variant",
-        "ppo_lstm_lr1e3",
+        "ppo_lstm_zoo",
     ]
-    assert set(suite.SB3_TUNING) <= set(suite.NAMED_ONLY)  # not in the default suite
     with pytest.raises(SystemExit):  # an unknown variant is refused, not run as the default
         suite.main(["sb3", "--env", "CountRecallEasy", "--seed", "0", "--json", str(tmp_path / "b.json"),
                     "--variant", "ppo_lstm_typo"])  # fmt: skip
 
 
-def test_a_recurrentppo_tuning_run_trains_with_its_change(tmp_path):
+def test_a_recurrentppo_method_trains_with_its_change_and_records_its_command(tmp_path):
     pytest.importorskip("sb3_contrib")
-    record = suite.run_sb3("RepeatPreviousEasy", 0, tmp_path / "c.json", 256, "ppo_lstm_ent01")
-    assert record["config"]["ent_coef"] == 0.01 and "--variant ppo_lstm_ent01" in record["command"]
+    record = suite.run_sb3("RepeatPreviousEasy", 0, tmp_path / "c.json", 256, "ppo_lstm_zoo")
+    assert record["config"]["n_steps"] == 32 and record["config"]["normalize"] is True
+    assert record["command"].startswith("python benchmarks/memory_suite.py sb3 --env RepeatPreviousEasy")
+    assert record["command"].endswith("--variant ppo_lstm_zoo")
 
 
-@pytest.mark.parametrize("method", sorted(suite.SB3_ARMS))
-def test_every_recurrentppo_arm_builds_with_the_settings_it_names(method):
+@pytest.mark.parametrize("method", CONTRACT_SB3)
+def test_every_recurrentppo_method_builds_with_the_settings_it_names(method):
     pytest.importorskip("sb3_contrib")
-    settings = suite.sb3_settings("CountRecallEasy", method)
-    model, env, raw = suite.make_sb3_model("CountRecallEasy", 0, method)  # an unknown keyword raises here
+    check_recurrentppo_builds(suite, method)
+
+
+def check_recurrentppo_builds(module, method: str) -> None:
+    """RecurrentPPO with ``method``'s settings on CountRecallEasy has each of them."""
+    settings = module.sb3_settings("CountRecallEasy", method)
+    model, env, raw = module.make_sb3_model("CountRecallEasy", 0, method)  # an unknown keyword raises here
     try:
         assert raw.num_envs == settings["n_envs"] and (env is not raw) == bool(settings.get("normalize"))
         for key in ("n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "ent_coef"):
             if key in settings:
                 assert getattr(model, key) == settings[key], key
-        start_lr = suite._schedule(settings.get("learning_rate", 3e-4))  # "lin_x": a schedule that starts at x
+        start_lr = module._schedule(settings.get("learning_rate", 3e-4))  # "lin_x": a schedule that starts at x
         start_lr = start_lr(1.0) if callable(start_lr) else start_lr
         assert model.lr_schedule(1.0) == pytest.approx(start_lr)
     finally:
         env.close()
-
-
-@pytest.mark.parametrize("config", sorted(suite.SHIPPED_CONFIGS))
-def test_a_shipped_config_is_the_suites_arm(tmp_path, config):
-    import yaml
-
-    shipped = yaml.safe_load((suite.REPO / "examples" / "configs" / config).read_text())
-    env, method, scale = suite.SHIPPED_CONFIGS[config]
-    arm = suite.r2ac_config(env, method, 0, tmp_path, int(suite.ENVS[env].steps * scale))
-    keys = ("env", "num_envs", "M", "cell", "hidden_size", "stem", "fc_size", "core_norm", "separate_critic")
-    for key in (*keys, "total_frames", "eval_episodes"):
-        assert shipped.get(key) == arm.get(key), key
-    assert shipped.get("cell_kwargs", {}) == arm["cell_kwargs"]
-    window = shipped["r2ac"].get("return_window", arm["r2ac"]["return_window"])  # the suite's window, if stated
-    assert {**shipped["r2ac"], "return_window": window} == arm["r2ac"]
 
 
 def test_a_child_runs_cpu_time_is_measured_and_a_failure_is_its_exit_status(tmp_path):
@@ -165,7 +215,7 @@ def _finished_run(out, seed: int, **fields) -> None:
 
 def test_the_report_gives_cpu_minutes_where_runs_recorded_them(tmp_path):
     _finished_run(tmp_path, 0, cpu_s=120.0)
-    _finished_run(tmp_path, 1)  # runs before CPU time was recorded have none
+    _finished_run(tmp_path, 1)  # a record without CPU time
     table = suite.report(tmp_path).read_text()
     assert "| CPU min / run |" in table and "| 1.0 | 2.0 (1 of 2) |" in table
 
@@ -176,7 +226,7 @@ def test_the_report_lists_seeds_in_numeric_order(tmp_path):
     assert "| 4 (0, 2, 10, 11) |" in suite.report(tmp_path).read_text()
 
 
-def test_an_arm_has_one_colour_in_every_panel_of_the_figure(tmp_path, monkeypatch):
+def test_a_method_has_one_colour_in_every_panel_of_the_figure(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
     curve = [0.1] * suite.POINTS
@@ -196,36 +246,48 @@ def test_an_arm_has_one_colour_in_every_panel_of_the_figure(tmp_path, monkeypatc
 def test_a_run_at_another_budget_does_not_pass_off_the_folders_runs_as_its_own(tmp_path, capsys):
     import json
 
-    path = suite.job_path(tmp_path, "CountRecallEasy", "lru_mingru_pg", 0)
+    path = suite.job_path(tmp_path, "CountRecallEasy", "popgym", 0)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"budget": suite.ENVS["CountRecallEasy"].steps}))  # a finished run at 1x
-    args = ["run", "--out", str(tmp_path), "--envs", "CountRecallEasy", "--methods", "lru_mingru_pg", "--seeds", "0"]
+    args = ["run", "--out", str(tmp_path), "--envs", "CountRecallEasy", "--methods", "popgym", "--seeds", "0"]
     with pytest.raises(SystemExit, match="another budget.*its own --out"):
         suite.main([*args, "--budget-scale", "2"])
     with pytest.raises(SystemExit):  # a budget of nothing is refused before any run
         suite.main([*args, "--budget-scale", "0"])
     assert "--budget-scale must be above 0" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # a negative seed, before any run (it failed inside each child before)
+    with pytest.raises(SystemExit):  # a negative seed, before any run (each child would fail on it)
         suite.main([*args[:-1], "-1"])
     assert "--seeds must be 0 or more" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("method", sorted(suite.R2AC_METHODS))
-def test_every_r2ac_arm_is_a_valid_onlinerec_rl_config(method, tmp_path):
-    cfg = suite.r2ac_config("CountRecallEasy", method, 0, tmp_path, 1000)
-    parsed = parse_as_onlinerec_rl(cfg, tmp_path)  # an unknown option or a bad value raises here
-    assert parsed.M == cfg["M"] and all(getattr(parsed.r2ac, k) == v for k, v in cfg["r2ac"].items())
 
 
 @pytest.mark.parametrize(
     ("args", "hint"),
     [
         (["run", "--envs", "CountRecalHard"], "unknown env 'CountRecalHard' (did you mean 'CountRecallHard'?)"),
-        (["run", "--methods", "lru_mingru_sepp"], "unknown arm 'lru_mingru_sepp' (did you mean 'lru_mingru_sep'?)"),
+        (["run", "--methods", "popgymm"], "unknown method 'popgymm' (did you mean 'popgym'?)"),
         (["sb3", "--env", "RepeatFirstEsy", "--seed", "0", "--json", "x.json"], "did you mean 'RepeatFirstEasy'"),
     ],
 )
-def test_a_misspelt_env_or_arm_names_the_closest(args, hint, capsys):
-    with pytest.raises(SystemExit):  # refused before any run, with the closest name rather than 70 choices alone
+def test_a_misspelt_env_or_method_names_the_closest(args, hint, capsys):
+    with pytest.raises(SystemExit):  # refused before any run, with the closest name rather than every choice
         suite.main(args)
     assert hint in capsys.readouterr().err
+
+
+def test_registering_a_setting_adds_it_and_refuses_another_under_a_taken_name(monkeypatch):
+    for name in ("R2AC_METHODS", "SB3_METHODS", "METHOD_ORDER", "DEFAULT_METHODS", "DASHED"):
+        monkeypatch.setattr(suite, name, type(getattr(suite, name))(getattr(suite, name)))  # a copy to change
+    monkeypatch.setattr(suite, "SCRIPT", suite.SCRIPT)
+    setting = {"method": "rtrl", "cell": "lru", "cell_kwargs": {}}
+    suite.register_methods(
+        {"lru_rtrl": setting}, {"ppo_lstm_e5": {"n_epochs": 5}}, order=["lru_rtrl"], dashed=["lru_rtrl"]
+    )
+    assert suite.R2AC_METHODS["lru_rtrl"] == setting and suite.SB3_METHODS["ppo_lstm_e5"] == {"n_epochs": 5}
+    assert (
+        suite.METHOD_ORDER[0] == "lru_rtrl" and "ppo_lstm_e5" not in suite.METHOD_ORDER and "lru_rtrl" in suite.DASHED
+    )
+    suite.register_methods({"lru_rtrl": dict(setting)})  # the same setting again: no change
+    with pytest.raises(ValueError, match="already has a method named 'popgym'"):
+        suite.register_methods({"popgym": setting})
+    with pytest.raises(ValueError, match="unknown methods"):
+        suite.register_methods(default=["lru_gru"])

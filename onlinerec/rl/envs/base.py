@@ -29,7 +29,7 @@ class MissingBackendError(ImportError):
 
 PURPOSES: dict[str, int] = {"train": 0, "eval": 1, "diagnostic": 2}
 """What a run's envs are for (training; the greedy evaluation after it; analyses of a trained agent, such as
-``benchmarks/minigrid_cue.py``); each purpose gets its own, disjoint env streams (:func:`run_env_seed`)."""
+``experiments/minigrid_cue.py``); each purpose gets its own, disjoint env streams (:func:`run_env_seed`)."""
 
 
 def _nonnegative(name: str, value: Any) -> int:

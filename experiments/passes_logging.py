@@ -1,23 +1,22 @@
 """What logging every pass cost R2AC's several-passes update, measured on the shipped POPGym config.
 
-Lightning keeps a training step's last logged value, so since session 18 R2AC logs only the last of its ``epochs x
-minibatches`` optimiser steps per segment (the same metrics; tests/rl/test_r2ac_passes.py checks it). This script
-trains the same model twice per repetition from the same seed, once as R2AC does now and once logging every pass as
-before (``R2AC.log_step`` swapped for the base class's), for each setting below, interleaved, and prints process CPU
-seconds per 1,000 agent steps and the ratio ``every/last``:
+Lightning keeps a training step's last logged value, so R2AC logs only the last of its ``epochs x minibatches``
+optimiser steps per segment (the same metrics; tests/rl/test_r2ac_passes.py checks it). This script trains the same
+model twice per repetition from the same seed, once as R2AC does and once logging every pass (``R2AC.log_step``
+swapped for the base class's), for each setting below, interleaved, and prints process CPU seconds per 1,000 agent
+steps and the ratio ``every/last``:
 
 - ``popgym.yaml``: 4 passes per segment of M = 4 steps;
 - ``long``: ``long_segments.yaml``, the POPGym core with M 32 and 10 passes in 4 minibatches.
 
-Session 18's figures (docs/results.md, CHANGELOG) were measured when both configs had one shared network; since
-session 19 ``popgym.yaml``, and since session 24 ``long_segments.yaml`` (which also normalises its observations), has
-a network each for the policy and the value (``separate_critic``).
+The figures in the CHANGELOG were measured when both configs had one shared network; both now have a network each
+for the policy and the value (``separate_critic``), and ``long_segments.yaml`` also normalises its observations.
 
 Usage::
 
-    python benchmarks/passes_logging.py                # RepeatFirstEasy, 3 repetitions x 16,384 agent steps
-    python benchmarks/passes_logging.py --steps 4096 --reps 1    # a quick look
-    python benchmarks/passes_logging.py --quick        # smoke run: 512 steps, 1 repetition
+    python experiments/passes_logging.py                # RepeatFirstEasy, 3 repetitions x 16,384 agent steps
+    python experiments/passes_logging.py --steps 4096 --reps 1    # a quick look
+    python experiments/passes_logging.py --quick        # smoke run: 512 steps, 1 repetition
 
 Needs popgym: ``pip install -e ".[suite]"``. One torch thread (the config's ``threads: 1``).
 """
@@ -49,7 +48,7 @@ def cpu_seconds_per_1k_steps(env: str, config: Path, steps: int, log_every_pass:
     model, dm, strategy, updates = build(cfg)
     saved = R2AC.log_step
     if log_every_pass:
-        R2AC.log_step = OnlineRecurrentModule.log_step  # the behaviour before session 18
+        R2AC.log_step = OnlineRecurrentModule.log_step  # logging every pass
     try:
         trainer = L.Trainer(
             strategy=strategy, max_steps=updates, logger=False, enable_checkpointing=False,
@@ -67,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--env", default="popgym:RepeatFirstEasy")
     ap.add_argument("--steps", type=int, default=16_384, help="agent steps per run (default 16,384)")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions, each running every arm once (default 3)")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions, each running every setting both ways (default 3)")
     ap.add_argument("--quick", action="store_true", help="smoke run: --steps 512 --reps 1")
     args = ap.parse_args(argv)
     if args.quick:
@@ -80,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     times: dict[tuple[str, bool], list[float]] = {}
     for rep in range(args.reps):
         for name, config in SETTINGS.items():
-            for every in (rep % 2 == 0, rep % 2 == 1):  # alternate which arm runs first
+            for every in (rep % 2 == 0, rep % 2 == 1):  # alternate which way runs first
                 t = cpu_seconds_per_1k_steps(args.env, config, args.steps, every)
                 times.setdefault((name, every), []).append(t)
                 print(f"rep {rep} {name:12s} {'every pass' if every else 'last pass'}: {t:.3f} CPU s / 1k steps")

@@ -1,5 +1,5 @@
 """Would a fused kernel speed up the M = 1 step? The in-place sensitivity pass of onlinerec's online step against a
-one-pass numba kernel that does the same work, and a copy of the same bytes (issue 15, item 1).
+one-pass numba kernel that does the same work, and a copy of the same bytes.
 
 The pass under test is the part of the fully online step that touches the big tensor S (B, P, N, D), lazily scaled:
 
@@ -9,7 +9,7 @@ The pass under test is the part of the fully online step that touches the big te
 - ``torch``: what onlinerec runs, ``addcmul_`` then the batched read-out (``_contract``): S is read, written, read.
 - ``numba``: one kernel that adds the outer product and accumulates the read-out while each row is in cache: S is
   read and written once (a parallel loop over the P x N rows; each row's gradient has one writer).
-- ``copy``: ``dst.copy_(src)`` of as many bytes, the memory-bandwidth yardstick of ``rtrl_vs_tbptt.py``.
+- ``copy``: ``dst.copy_(src)`` of as many bytes, the memory-bandwidth yardstick of ``benchmarks/rtrl_vs_tbptt.py``.
 - ``compiled`` (with ``--compile``): the same one-pass formula written for ``torch.compile`` (inductor's CPU code,
   built with the machine's C++ compiler on first call): the new S written back with ``copy_`` and the read-out
   reduced from the same expression, which inductor may fuse into one loop.
@@ -26,9 +26,9 @@ eLSTM's input projection).
 
 Usage::
 
-    python benchmarks/fused_update.py --threads 1,2
-    python benchmarks/fused_update.py --threads 1,2 --compile   # also torch.compile's fused pass
-    python benchmarks/fused_update.py --quick       # small shapes (smoke test)
+    python experiments/fused_update.py --threads 1,2
+    python experiments/fused_update.py --threads 1,2 --compile   # also torch.compile's fused pass
+    python experiments/fused_update.py --quick       # small shapes (smoke test)
 """
 
 from __future__ import annotations

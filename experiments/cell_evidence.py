@@ -1,4 +1,4 @@
-"""Evidence for the cells of issue 11 (docs/results.md, sections "Cells" and "Deep models"), on the demo's task.
+"""Evidence for the built-in cells (docs/results.md, sections "Cells" and "Deep models"), on the demo's task.
 
 Every run is one ``onlinerec demo`` run: :func:`onlinerec.tasks.demo.train_one` with a
 :class:`~onlinerec.tasks.demo.DemoConfig`, so each row of the tables is reproduced, seeds and all, by the
@@ -25,9 +25,9 @@ killed run is simply re-run); ``report`` writes ``<out>/cell_evidence.md`` (tabl
 
 Usage::
 
-    python benchmarks/cell_evidence.py run --out runs/cell_evidence --jobs 2 [--groups cells gates deep] [--seeds 3]
-    python benchmarks/cell_evidence.py report --out runs/cell_evidence
-    python benchmarks/cell_evidence.py --quick            # seconds-long smoke run of every row (tests)
+    python experiments/cell_evidence.py run --out runs/cell_evidence --jobs 2 [--groups cells gates deep] [--seeds 3]
+    python experiments/cell_evidence.py report --out runs/cell_evidence
+    python experiments/cell_evidence.py --quick            # seconds-long smoke run of every row (tests)
 """
 
 from __future__ import annotations

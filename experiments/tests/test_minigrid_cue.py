@@ -1,4 +1,4 @@
-"""benchmarks/minigrid_cue.py: the cue statistics against its scripted MiniGrid-Memory policies, whose answers are known
+"""experiments/minigrid_cue.py: the cue statistics against its scripted MiniGrid-Memory policies, whose answers are known
 (one ignores the cue, one remembers it when it sees it at its first step, one turns to look at it), and the script on a
 trained run."""
 
@@ -11,11 +11,11 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import load_benchmark
+from tests.helpers import load_experiment
 
 pytest.importorskip("minigrid")
 
-cue = load_benchmark("minigrid_cue")  # registered as minigrid_cue, so wrappers can name minigrid_cue.CueInView
+cue = load_experiment("minigrid_cue")  # registered as minigrid_cue, so wrappers can name minigrid_cue.CueInView
 
 
 def test_a_policy_that_remembers_the_cue_succeeds_whenever_it_saw_it():

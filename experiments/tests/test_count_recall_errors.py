@@ -1,4 +1,4 @@
-"""benchmarks/count_recall_errors.py: its counts against POPGym's own, a policy that answers right and one that is one
+"""experiments/count_recall_errors.py: its counts against POPGym's own, a policy that answers right and one that is one
 off, and the script on a trained run."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.helpers import load_benchmark
+from tests.helpers import load_benchmark, load_experiment
 
 pytest.importorskip("popgym")
 
-diag = load_benchmark("count_recall_errors")
+diag = load_experiment("count_recall_errors")
 
 
 @pytest.mark.parametrize("name", ["CountRecallEasy", "CountRecallMedium", "CountRecallHard"])
@@ -89,7 +89,7 @@ def test_the_script_reads_a_trained_run_and_refuses_other_folders(tmp_path, caps
 
 def test_runs_are_grouped_by_arm_without_their_seed():
     assert diag.arm_of("runs/x/r2ac/CountRecallEasy/lru_mingru_sep-seed12") == "lru_mingru_sep"
-    assert diag.arm_of("runs/s30/cre_diag") == "cre_diag"  # a folder of any other name is its own arm
+    assert diag.arm_of("runs/diagnostics/cre_diag") == "cre_diag"  # a folder of any other name is its own arm
     assert diag.arm_of("a-seedling") == "a-seedling"
 
 

@@ -21,7 +21,7 @@ purpose="diagnostic")``: neither training's nor the evaluation's), with greedy a
 A policy that remembers the cue succeeds far more often when it saw it than when it did not (where it can only
 guess: about 50 %); one that ignores it succeeds about as often either way. Usage::
 
-    python benchmarks/minigrid_cue.py runs/memory_suite/r2ac/MiniGridMemoryS7/<arm>-seed0 \\
+    python experiments/minigrid_cue.py runs/memory_suite/r2ac/MiniGridMemoryS7/<arm>-seed0 \\
         runs/memory_suite/runs/MiniGridMemoryS7/ppo_lstm/seed0.zip
 
 An R2AC agent is an ``onlinerec rl`` output folder (its ``config.json`` and ``checkpoints/last.ckpt``); a
@@ -147,7 +147,7 @@ class CueInView(gymnasium.Wrapper):
     its first step, the cue's object index is written into the top-left cell of every later view of that episode
     (a corner that otherwise shows wall or nothing), so using it needs no memory, only the comparison with the
     layout. Train with ``onlinerec rl ... --env_kwargs '{wrappers: [{class_path: minigrid_cue.CueInView}]}'`` (with
-    ``benchmarks/`` on ``PYTHONPATH``); this script plays such a run with the same wrapper. A policy that uses the
+    ``experiments/`` on ``PYTHONPATH``); this script plays such a run with the same wrapper. A policy that uses the
     cue then scores like the ``remember`` script (0.62), one that does not like ``ignore`` (0.51)."""
 
     def reset(self, **kwargs: Any) -> Any:

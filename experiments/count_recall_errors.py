@@ -25,7 +25,7 @@ training's nor the evaluation's):
 
 Usage::
 
-    python benchmarks/count_recall_errors.py runs/memory_suite30/r2ac/CountRecallEasy/<arm>-seed0 \\
+    python experiments/count_recall_errors.py runs/memory_suite30/r2ac/CountRecallEasy/<arm>-seed0 \\
         runs/memory_suite30/runs/CountRecallEasy/ppo_lstm_e20_lam08/seed0.zip [<run> ...] [--plot errors.png]
 
 ``--plot`` draws the results per arm (run folders named ``<arm>-seed<k>``, as the memory suite names them, are
