@@ -105,7 +105,7 @@ class _DeferredCarry:
     def done(self) -> bool:
         return self.result is not None
 
-    def arm(self, lin: Linearization, feats: Tensor) -> None:
+    def prepare(self, lin: Linearization, feats: Tensor) -> None:
         self.lin, self.feats = lin, feats
 
     def _compute(self, in_place: bool) -> dict[str, Tensor]:
@@ -315,7 +315,7 @@ class SensitivityMethod(GradientMethod):
             with torch.no_grad():
                 new_sens = self._carry(tracked, lin, feats, sens0)
             return states, Carry(c=states[-1].detach(), window=window, sensitivities=new_sens)
-        deferred.arm(lin, feats.detach())
+        deferred.prepare(lin, feats.detach())
         if not c0.requires_grad:  # no backward will read S_0 (no_grad, nothing to train): overwrite it now
             deferred.old_sensitivities_read()
             return states, Carry(c=states[-1].detach(), window=window, sensitivities=deferred.materialize())

@@ -75,7 +75,7 @@ class ImpalaStem(nn.Module):
         self.out_features = out_features
 
     def forward(self, obs: Tensor) -> Tensor:
-        # channels-last activations (the parameters keep their layout): about 2x faster convolutions and weight
+        # channels-last activations (the parameters keep their layout): faster convolutions and weight
         # gradients on CPU (docs/performance.md#end-to-end-r2ac); flatten(1) reads them in (C, H, W) order as before
         x = torch.relu(self.convs(_as_float_image(obs, self.fc.weight.dtype, channels_last=True)))
         return torch.relu(self.fc(x.flatten(1)))

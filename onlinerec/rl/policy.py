@@ -1,4 +1,4 @@
-"""R2AC's action distributions, chosen from the env's action space (docs/r2ac.md#action-spaces).
+"""R2AC's action distributions, chosen from the env's action space (docs/r2ac.md#action-and-observation-spaces).
 
 A head maps core outputs h (..., N) to the *parameters* of a distribution (..., P); everything else is a pure
 function of those parameters, so the actor, the rollout (behaviour log-probs), the learner (V-trace and the

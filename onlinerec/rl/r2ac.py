@@ -38,7 +38,7 @@ __all__ = ["R2AC", "R2ACConfig"]
 
 @dataclass
 class R2ACConfig:
-    """Loss and optimisation hyper-parameters of R2AC; the defaults are the paper's (docs/r2ac.md#optimiser-and-hyper-parameters)."""
+    """Loss and optimisation hyper-parameters of R2AC; the defaults are the paper's (docs/r2ac.md#the-papers-settings)."""
 
     discount: float = 0.99
     """gamma; the discount is 0 across an episode (or life) end."""
@@ -244,7 +244,7 @@ class R2AC(OnlineRecurrentModule):
             so every gradient method treats it like the heads.
         core_norm: a LayerNorm on the core's output before both heads (False: the paper's). For linear-recurrent cells
             such as the LRU, whose output is unbounded: on MiniGrid-MemoryS7 it grew to rms 23 and the policy went
-            deterministic (docs/r2ac.md#tuning-r2ac).
+            deterministic (docs/r2ac.md#the-networks-options).
         separate_critic: the value head reads a core of its own, with its own stem: a second stem and core built like
             the first, side by side in a :class:`~onlinerec.cells.Parallel` cell (RecurrentPPO's default, an LSTM
             each). The policy and value losses then share no parameter, so ``baseline_cost`` weighs the critic's
@@ -346,7 +346,7 @@ class R2AC(OnlineRecurrentModule):
         head_in = core_in if actor_core is None else actor_core.output_size
         self._split = (head_in, head_in) if separate_critic else None  # widths of the actor's and critic's outputs
         # a linear-recurrent core's output is unbounded (an LRU unit near |lambda| = 1 sums its inputs): normalised, its
-        # growth cannot blow up the logits (docs/r2ac.md#tuning-r2ac)
+        # growth cannot blow up the logits (docs/r2ac.md#the-networks-options)
         self.core_norm: nn.Module = nn.LayerNorm(head_in) if core_norm else nn.Identity()
         self.critic_norm: nn.Module | None = None
         if separate_critic:

@@ -35,7 +35,7 @@ __all__ = [
 
 @dataclass
 class ExperimentConfig:
-    """One R2AC training run. Frame budgets count env frames (agent steps x action repeat; docs/r2ac.md#optimiser-and-hyper-parameters)."""
+    """One R2AC training run. Frame budgets count env frames (agent steps x action repeat; docs/r2ac.md#the-papers-settings)."""
 
     env: str = "memory:tmaze"
     """Env id for ``onlinerec.rl.envs.make_vector_env`` ("ALE/Breakout-v5", "procgen:chaser", "dmlab:rooms_watermaze",
@@ -50,7 +50,7 @@ class ExperimentConfig:
     method: str = "rtrl"
     """Gradient method of the recurrent core: a name in ``onlinerec.gradients.METHODS`` ("rtrl", "tbptt", "snap")."""
     M: int = 50
-    """Unroll length: TD horizon, update period and BPTT span (docs/r2ac.md#overview)."""
+    """Unroll length: TD horizon, update period and BPTT span (docs/r2ac.md#the-algorithm)."""
     total_frames: float = 1e6
     """Training budget in env frames; training runs ``total_frames / (M * num_envs * action_repeat)`` segments, each one
     update (``r2ac.epochs * r2ac.minibatches`` optimiser steps with several passes per segment)."""

@@ -1,9 +1,9 @@
-"""Mistakes in a custom cell produce errors that name the cell and the fix (issue 10, item 6).
+"""Mistakes in a custom cell produce errors that name the cell and the fix.
 
-Before: a forgotten ``num_gates`` gave ``IndexError: index 1 is out of bounds``, a 0-d per-unit parameter ``IndexError:
-tuple index out of range`` from the probe, a wrong output shape in ``check_gradients`` a raw size mismatch (or a time
-loop that broadcast the state into ever larger tensors until memory ran out), an in-place op on ``c_prev`` a raw
-autograd error."""
+Unchecked, a forgotten ``num_gates`` gives ``IndexError: index 1 is out of bounds``, a 0-d per-unit parameter
+``IndexError: tuple index out of range`` from the probe, a wrong output shape in ``check_gradients`` a raw size
+mismatch (or a time loop that broadcasts the state into ever larger tensors until memory runs out), an in-place op on
+``c_prev`` a raw autograd error."""
 
 from __future__ import annotations
 

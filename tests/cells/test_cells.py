@@ -107,7 +107,7 @@ def test_snap_refuses_mixing_cells_that_are_not_fully_recurrent():
         SnAP().init_carry(_MixesUnits(3, 5), 2)
 
 
-# -- the cells of today (issue 11) --------------------------------------------------------------------------------------
+# -- LRU, minGRU, minLSTM, IndRNN, LSTM, GRU ----------------------------------------------------------------------------
 def test_every_builtin_cell_has_a_name():
     from onlinerec.cells import CELLS, GRUCell, IndRNNCell, LRUCell, LSTMCell, MinGRUCell, MinLSTMCell, make_cell
 

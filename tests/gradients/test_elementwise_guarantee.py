@@ -1,9 +1,9 @@
-"""RTRL refuses a recurrence that mixes units only in some region of its state (issue 10, item 2).
+"""RTRL refuses a recurrence that mixes units only in some region of its state.
 
-Before: one numeric probe at one random point decided, so a cell that reads its neighbour only where |c| > 3 passed it,
-``check_gradients`` passed at 2e-16, and on inputs scaled x4 RTRL's gradient differed from BPTT's by about 100 %
-without a word. Now three checks stand between such a cell and a wrong gradient: a trace of its ops (structural), the
-numeric probe at several scales, and a verification on the live states during training (docs/custom_cell.md)."""
+One numeric probe at one random point is not enough: a cell that reads its neighbour only where |c| > 3 passes it,
+``check_gradients`` passes at 2e-16, and on inputs scaled x4 RTRL's gradient differs from BPTT's by about 100 % without
+a word. Three checks stand between such a cell and a wrong gradient: a trace of its ops (structural), the numeric
+probe at several scales, and a verification on the live states during training (docs/custom_cell.md)."""
 
 from __future__ import annotations
 
@@ -65,16 +65,16 @@ def _x4_gradient_error(cell, method):
     return max(rel_err(got[k], v) for k, v in expected.items())
 
 
-def test_the_original_failure_region_mixing_passed_the_single_probe(monkeypatch):
-    """Reproduces the issue with the old checks (one probe at scale 1, no trace, no live verification)."""
+def test_region_mixing_passes_a_single_probe_at_one_scale(monkeypatch):
+    """One probe at scale 1, without the trace or the live verification, misses region mixing."""
     monkeypatch.setattr(derivatives, "PROBE_SCALES", (1.0,))
     torch.manual_seed(0)
     cell = Unchecked(3, 8).double()
-    assert max(check_gradients(cell, RTRL(verify="off")).values()) < 1e-10  # looked exact
-    assert _x4_gradient_error(cell, RTRL(verify="off")) > 0.5  # and was wrong by ~100 % on larger states
+    assert max(check_gradients(cell, RTRL(verify="off")).values()) < 1e-10  # looks exact
+    assert _x4_gradient_error(cell, RTRL(verify="off")) > 0.5  # and is wrong by ~100 % on larger states
 
 
-def test_rtrl_now_refuses_it_by_tracing_both_branches_of_the_where():
+def test_rtrl_refuses_it_by_tracing_both_branches_of_the_where():
     with pytest.raises(NotElementwiseError) as err:
         RTRL().init_carry(NeighbourWhenLarge(3, 8), 2)
     assert str(err.value) == (

@@ -1,6 +1,6 @@
 """A user's gymnasium vector env in any autoreset mode (NEXT_STEP is gymnasium's default) is adapted to the SAME_STEP
 contract — or refused with an error naming the mode and the fix — directly, through the rollout data module, in an
-R2AC fit and in R2AC's evaluation (issue 12, item 2)."""
+R2AC fit and in R2AC's evaluation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Independent env streams (issue 12, item 1): every stream's seed comes from ``numpy.random.SeedSequence`` over
+"""Independent env streams: every stream's seed comes from ``numpy.random.SeedSequence`` over
 (run seed, purpose, DDP rank, restart, stream index), so runs with different seeds, training and evaluation, DDP ranks
 and resumes never share a stream — checked on the seeds each backend receives and on what the streams show, for
 the T-maze, gymnasium, POPGym, MiniGrid, Atari, DMLab (stand-in) and ProcGen (where installed)."""
@@ -90,7 +90,7 @@ def _tmaze_cues(seed, n=8, steps=200):
 
 
 def test_tmaze_runs_train_and_eval_share_no_stream():
-    """The defect of issue 12: seeds 0 and 1 shared 15 of 16 training streams, whose cues are fixed by the seed."""
+    """Seeded as ``seed + i``, runs with seeds 0 and 1 would share 15 of 16 training streams, whose cues the seed fixes."""
     streams = {}
     for seed in RUN_SEEDS:
         for purpose in PURPOSES:

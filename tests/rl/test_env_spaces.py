@@ -1,6 +1,5 @@
-"""The env layer for the problems users bring (issue 14, items 3 and 6, and the env side of items 1-2): Box actions,
-Dict/Tuple observations, gymnasium wrappers from the config, a factory where an env id goes, rl-zoo's
-masked-velocity envs, and Atari's FIRE after a lost life."""
+"""The env layer for the problems users bring: Box actions, Dict/Tuple observations, gymnasium wrappers from the
+config, a factory where an env id goes, rl-zoo's masked-velocity envs, and Atari's FIRE after a lost life."""
 
 from __future__ import annotations
 

@@ -559,7 +559,7 @@ def test_popgym_repeat_previous():
 
 
 def test_popgym_envs_that_need_the_previous_action_get_it():
-    """MultiarmedBandit's observation is only "the arm paid or not": which arm was pulled comes from the previous
+    """MultiarmedBandit's observation is only "the action paid or not": which action it was comes from the previous
     action, appended one-hot as POPGym's PreviousAction does (0 after a reset), flattened after the 2 payout entries."""
     pytest.importorskip("popgym")
     env = make_vector_env("popgym:MultiarmedBanditEasy", 2, seed=0)
@@ -596,8 +596,8 @@ def test_popgym_flat_observations_keep_the_bounds_of_their_parts():
 
 
 def test_popgym_memory_games_observe_only_unit_bounded_features_and_control_envs_none():
-    """What makes ``obs_norm_skip_binary`` exactly no normalisation on every POPGym memory game (the memory suite's
-    ``*_obs_cont`` arms rest on it) and plain ``obs_norm`` on every partially observed control env."""
+    """What makes ``obs_norm_skip_binary`` exactly no normalisation on every POPGym memory game
+    (``examples/configs/popgym.yaml`` rests on it) and plain ``obs_norm`` on every partially observed control env."""
     popgym = pytest.importorskip("popgym")
     control = tuple(f"{body}{level}" for body in ("CartPole", "Pendulum") for level in ("Easy", "Medium", "Hard"))
     kinds = {True: 0, False: 0}

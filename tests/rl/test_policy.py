@@ -181,7 +181,7 @@ def test_a_discrete_agent_is_refused_by_a_box_env():
 @pytest.mark.slow
 def test_pendulum_learns_well_above_a_random_policy(tmp_path):
     """R2AC-RTRL (recurrent eLSTM core) with a Gaussian policy on Pendulum-v1 with the packaged config
-    (examples/configs/pendulum.yaml: issue 13's options, 10 clipped passes per segment): 100,000 env steps, seed 0,
+    (examples/configs/pendulum.yaml: the sample-efficiency options, 10 clipped passes per segment): 100,000 env steps, seed 0,
     about 4 minutes on one core. Uniform random torques score -1215 per episode. Measured (docs/results.md, seeds 0, 1,
     2): greedy evaluation -206, -298, -597; running return from about -1000 in the first 25,000 steps to -230..-420."""
     from pathlib import Path

@@ -1,4 +1,4 @@
-"""R2AC's sample-efficiency options (issue 13, items 1-2): reward and advantage normalisation, mean losses, PPO's
+"""R2AC's sample-efficiency options: reward and advantage normalisation, mean losses, PPO's
 clipped ratio, and several passes per segment with RTRL kept exact. The defaults are the paper's one-pass R2AC."""
 
 from __future__ import annotations
@@ -401,7 +401,7 @@ def test_the_carry_moves_forward_once_and_stays_the_actors_state():
 
 
 class LogsEveryPass(R2AC):
-    """R2AC as it logged before session 18: every optimiser step of several passes calls ``self.log``."""
+    """R2AC logging at every optimiser step of several passes: each one calls ``self.log``."""
 
     def log_step(self, result, stream, num_streams):
         OnlineRecurrentModule.log_step(self, result, stream, num_streams)

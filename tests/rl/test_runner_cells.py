@@ -1,4 +1,4 @@
-"""The RL runner names the new cells and stacks (issue 11, item 4): ``onlinerec rl --cell lru --layers 2`` (or
+"""The RL runner takes every cell and stacks: ``onlinerec rl --cell lru --layers 2`` (or
 ``--cell_kwargs '{layers: 2}'``) trains, checkpoints every layer's carry and resumes."""
 
 from __future__ import annotations

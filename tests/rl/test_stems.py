@@ -1,5 +1,5 @@
-"""The image stems' channels-last forward and one-op uint8 scaling give the outputs and gradients of the
-implementation they replaced (kept here, verbatim, as the reference)."""
+"""The image stems' channels-last forward and one-op uint8 scaling give the outputs and gradients of a plain
+contiguous NCHW reference."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ from onlinerec.rl.nets import ImpalaStem, NatureStem, _as_float_image
 
 
 # ------------------------------------------------------------------------------------------------
-# The previous implementation (onlinerec 0.2.0.dev0 before issue 15): contiguous NCHW, `obs.to(dtype) / 255.0`
+# The plain reference: contiguous NCHW, `obs.to(dtype) / 255.0`
 # ------------------------------------------------------------------------------------------------
-def old_as_float_image(obs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def plain_as_float_image(obs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return obs.to(dtype) / 255.0 if obs.dtype == torch.uint8 else obs.to(dtype)
 
 
-def old_forward(stem: torch.nn.Module, obs: torch.Tensor) -> torch.Tensor:
+def plain_forward(stem: torch.nn.Module, obs: torch.Tensor) -> torch.Tensor:
     if isinstance(stem, ImpalaStem):
-        x = torch.relu(stem.convs(old_as_float_image(obs, stem.fc.weight.dtype)))
+        x = torch.relu(stem.convs(plain_as_float_image(obs, stem.fc.weight.dtype)))
         return torch.relu(stem.fc(x.flatten(1)))
-    return torch.relu(stem.fc(stem.convs(old_as_float_image(obs, stem.fc.weight.dtype)).flatten(1)))
+    return torch.relu(stem.fc(stem.convs(plain_as_float_image(obs, stem.fc.weight.dtype)).flatten(1)))
 
 
 SHAPES = {"atari": (4, 84, 84), "procgen": (3, 64, 64), "dmlab": (3, 72, 96)}
@@ -41,7 +41,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("cls", [NatureStem, ImpalaStem])
 @pytest.mark.parametrize("shape", list(SHAPES), ids=list(SHAPES))
-def test_stem_matches_previous_implementation_float32(cls, shape):
+def test_stem_matches_the_plain_reference_float32(cls, shape):
     torch.manual_seed(0)
     stem = cls(SHAPES[shape])
     obs = frames(6, SHAPES[shape])
@@ -49,24 +49,24 @@ def test_stem_matches_previous_implementation_float32(cls, shape):
     new.pow(2).sum().backward()
     g_new = grads(stem)
     stem.zero_grad(set_to_none=True)
-    old = old_forward(stem, obs)
-    old.pow(2).sum().backward()
-    g_old = grads(stem)
-    assert new.shape == old.shape == (6, stem.out_features)
+    ref = plain_forward(stem, obs)
+    ref.pow(2).sum().backward()
+    g_ref = grads(stem)
+    assert new.shape == ref.shape == (6, stem.out_features)
     assert new.is_contiguous()
-    assert (new - old).abs().max().item() <= 1e-6 * max(1.0, old.abs().max().item())
-    for name in g_old:
-        assert rel(g_new[name], g_old[name]) <= 1e-5, name
+    assert (new - ref).abs().max().item() <= 1e-6 * max(1.0, ref.abs().max().item())
+    for name in g_ref:
+        assert rel(g_new[name], g_ref[name]) <= 1e-5, name
 
 
 @pytest.mark.parametrize("cls", [NatureStem, ImpalaStem])
-def test_stem_matches_previous_implementation_float64(cls):
+def test_stem_matches_the_plain_reference_float64(cls):
     torch.manual_seed(1)
     stem = cls(SHAPES["atari"]).double()
     obs = frames(3, SHAPES["atari"], seed=1)
     new = stem(obs)
     assert new.dtype == torch.float64
-    torch.testing.assert_close(new, old_forward(stem, obs), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(new, plain_forward(stem, obs), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("cls", [NatureStem, ImpalaStem])
@@ -75,7 +75,7 @@ def test_stem_float_observations_and_batch_of_one(cls):
     torch.manual_seed(2)
     stem = cls(SHAPES["procgen"])
     obs = frames(1, SHAPES["procgen"], seed=2).float() / 255.0
-    torch.testing.assert_close(stem(obs), old_forward(stem, obs), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(stem(obs), plain_forward(stem, obs), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("cls", [NatureStem, ImpalaStem])
@@ -94,7 +94,7 @@ def test_as_float_image_one_op_scaling():
     for dtype, tol in ((torch.float32, 6e-8), (torch.float64, 2.3e-16)):
         x = _as_float_image(obs, dtype, channels_last=True)
         assert x.dtype == dtype and x.is_contiguous(memory_format=torch.channels_last)
-        assert (x - old_as_float_image(obs, dtype)).abs().max().item() <= tol
+        assert (x - plain_as_float_image(obs, dtype)).abs().max().item() <= tol
         y = _as_float_image(obs, dtype)
         assert y.is_contiguous() and torch.equal(x, y)
     bf = _as_float_image(obs, torch.bfloat16)

@@ -1,4 +1,4 @@
-"""Every built-in cell name, and stacks of them, work wherever a cell is named (issue 11, item 4): the demo (its config,
+"""Every built-in cell name, and stacks of them, work wherever a cell is named: the demo (its config,
 its command line and its module API) and the copy task's LightningCLI config. The RL runner's are in
 tests/rl/test_runner_cells.py."""
 

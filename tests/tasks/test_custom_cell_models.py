@@ -1,10 +1,9 @@
-"""A user's own cell in the built-in models, on the command line and through checkpoints (issue 10, item 5).
+"""A user's own cell in the built-in models, on the command line and through checkpoints.
 
-Before: ``SequenceClassifier(9, 4, hidden_size=32, cell=MinGRUCell(9, 32))`` failed (``'MinGRUCell' object has no
-attribute 'lower'``), and later stored the module itself in the hyper-parameters, which a weights-only checkpoint cannot
-rebuild; the only way was writing into ``CELLS`` in every process before ``load_from_checkpoint``. Now a cell is given
-as an instance, a registered name or a class path, and checkpoints store a name, a class path or a
-:func:`~onlinerec.cells.cell_spec` (class path and constructor arguments)."""
+A cell is given as an instance (``SequenceClassifier(9, 4, hidden_size=32, cell=MinGRUCell(9, 32))``), a registered
+name or a class path, and checkpoints store a name, a class path or a :func:`~onlinerec.cells.cell_spec` (class path
+and constructor arguments), never the module itself, which a weights-only checkpoint cannot rebuild; no process has to
+write into ``CELLS`` before ``load_from_checkpoint``."""
 
 from __future__ import annotations
 
@@ -72,7 +71,7 @@ def _no_modules(value) -> bool:
     return True
 
 
-def test_the_issue_example_takes_an_instance_and_stores_its_spec():
+def test_a_cell_instance_is_taken_and_stored_as_its_spec():
     model = SequenceClassifier(9, 4, hidden_size=32, cell=MinGRUCell(9, 32, update_bias=-3.0))
     assert isinstance(model.cell, MinGRUCell)
     assert model.hparams["cell"] == {

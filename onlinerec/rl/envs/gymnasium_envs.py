@@ -314,7 +314,7 @@ def make_popgym(
     ``prev_action``: append the action just taken to each observation (POPGym's ``PreviousAction`` wrapper; a reset
     observation carries action 0). None: as the env declares (``obs_requires_prev_action``: MultiarmedBandit,
     Concentration, Battleship, MineSweeper, LabyrinthEscape/Explore), whose observation alone does not say which
-    arm was pulled or which cell was probed, so without it the task cannot be learned."""
+    action paid or which cell was probed, so without it the task cannot be learned."""
     cls = _popgym_class(name)
     env_id = f"popgym:{name}"
     wrappers = check_wrappers(wrappers)
