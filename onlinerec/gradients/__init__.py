@@ -7,7 +7,8 @@ derived from :data:`METHODS`.
 from onlinerec.gradients.base import GradientMethod
 from onlinerec.gradients.carry import Carry, StackCarry, load_carry
 from onlinerec.gradients.check import check_gradients
-from onlinerec.gradients.derivatives import ClosedFormMismatchError, NotElementwiseError
+from onlinerec.gradients.derivatives import ClosedFormMismatchError
+from onlinerec.gradients.elementwise import NotElementwiseError
 from onlinerec.gradients.rtrl import RTRL
 from onlinerec.gradients.sensitivity import SensitivityMethod
 from onlinerec.gradients.snap import SnAP

@@ -14,12 +14,8 @@ import torch
 from torch import Tensor
 
 from onlinerec.cells.base import ElementwiseCell, FullyRecurrentCell
-from onlinerec.gradients.derivatives import (
-    NotElementwiseError,
-    has_closed_form,
-    recurrence_parameters,
-    verify_linearization,
-)
+from onlinerec.gradients.derivatives import has_closed_form
+from onlinerec.gradients.elementwise import NotElementwiseError, recurrence_parameters, verify_linearization
 from onlinerec.gradients.scan import Linearization, RecomputedBlocks, block_scan, diagonal_scan
 from onlinerec.gradients.sensitivity import SensitivityMethod
 

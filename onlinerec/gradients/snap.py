@@ -7,7 +7,8 @@ from torch import Tensor
 
 from onlinerec.cells.base import ElementwiseCell, FullyRecurrentCell
 from onlinerec.gradients.base import autograd_scan
-from onlinerec.gradients.derivatives import NotElementwiseError, local_derivatives, recurrence_parameters
+from onlinerec.gradients.derivatives import local_derivatives
+from onlinerec.gradients.elementwise import NotElementwiseError, recurrence_parameters
 from onlinerec.gradients.scan import Linearization, block_scan, diagonal_scan
 from onlinerec.gradients.sensitivity import SensitivityMethod, Tracked
 

@@ -10,7 +10,7 @@ import torch
 import onlinerec
 from onlinerec import RTRL, TBPTT, NotElementwiseError, RTUCell, SnAP, check_gradients
 from onlinerec.cells import CELLS, Stack, build_cell_spec, cell_spec, make_cell
-from onlinerec.gradients import derivatives
+from onlinerec.gradients import derivatives, elementwise
 from onlinerec.gradients.check import bptt_gradients, method_gradients, stepwise, truncated_gradients
 from tests.helpers import TINY_RL, rel_err
 
@@ -140,11 +140,11 @@ class MixesNeighbours(RTUCell):
 @pytest.mark.parametrize("kwargs", VARIANTS.values(), ids=VARIANTS.keys())
 def test_the_elementwise_check_accepts_it(kwargs):
     cell = RTUCell(3, 5, **kwargs)
-    names = derivatives.check_elementwise(cell, "recurrence", ("input_proj.weight",), 2, 5, 2)
+    names = elementwise.check_elementwise(cell, "recurrence", ("input_proj.weight",), 2, 5, 2)
     assert set(names) == {"nu_log", "theta_log"}
     RTRL().init_carry(cell, 2)  # RTRL takes it
     with pytest.raises(NotElementwiseError, match="MixesNeighbours"):  # and the check is not blind to a K = 2 cell
-        derivatives.check_elementwise(MixesNeighbours(3, 5, **kwargs), "recurrence", ("input_proj.weight",), 2, 5, 2)
+        elementwise.check_elementwise(MixesNeighbours(3, 5, **kwargs), "recurrence", ("input_proj.weight",), 2, 5, 2)
 
 
 @pytest.mark.parametrize("kwargs", VARIANTS.values(), ids=VARIANTS.keys())
@@ -198,7 +198,7 @@ def test_closed_form_equals_autodiff_at_a_live_point(kwargs):
     params = {"nu_log": cell.nu_log.detach(), "theta_log": cell.theta_log.detach()}
     gates, c_prev = torch.randn(9, 2, 6, dtype=torch.float64), 3 * torch.randn(9, 2, 6, dtype=torch.float64)
     value, d_state, d_gates, d_params = cell.recurrence_derivatives(gates, c_prev, params)
-    auto = derivatives._forward_mode(cell, "recurrence", params, gates, c_prev)
+    auto = derivatives.forward_mode(cell, "recurrence", params, gates, c_prev)
     with torch.no_grad():
         torch.testing.assert_close(value, cell.recurrence(gates, c_prev), rtol=1e-13, atol=1e-13)
     torch.testing.assert_close(d_state, auto.d_state, rtol=1e-12, atol=1e-12)
@@ -261,7 +261,8 @@ def test_a_stack_of_rtus_is_exact_within_a_segment():
 
 
 def test_the_demo_and_the_rl_runner_train_it(tmp_path):
-    from onlinerec.rl.runner import build, parse_experiment, run_experiment
+    from onlinerec.rl.experiment import parse_experiment
+    from onlinerec.rl.runner import build, run_experiment
     from onlinerec.tasks.demo import DemoConfig, train_one
 
     torch.set_num_threads(1)

@@ -8,7 +8,7 @@ import torch
 
 from onlinerec import RTRL, ClosedFormMismatchError
 from onlinerec.cells import ELSTMCell, LRUCell
-from onlinerec.gradients import derivatives
+from onlinerec.gradients import derivatives, elementwise
 from onlinerec.gradients.check import bptt_gradients, method_gradients
 from tests.helpers import rel_err
 
@@ -72,11 +72,11 @@ def test_closed_form_equals_autodiff_at_a_live_point():
     torch.manual_seed(1)
     cell = LRUCell(4, 6, train_gamma=True).double()
     names = ("nu_log", "theta_log", "gamma_log")
-    derivatives.recurrence_parameters(cell, "recurrence", ("input_proj.weight",), 2, 6, 2)
+    elementwise.recurrence_parameters(cell, "recurrence", ("input_proj.weight",), 2, 6, 2)
     params = {k: v.detach() for k, v in cell.named_parameters() if k in names}
     gates, c_prev = torch.randn(9, 2, 6, dtype=torch.float64), torch.randn(9, 2, 6, dtype=torch.float64)
     closed = derivatives.local_derivatives(cell, "recurrence", params, gates, c_prev)
-    auto = derivatives._forward_mode(cell, "recurrence", params, gates, c_prev)
+    auto = derivatives.forward_mode(cell, "recurrence", params, gates, c_prev)
     assert torch.allclose(closed.d_state, auto.d_state, atol=1e-12)
     assert torch.allclose(closed.d_gates, auto.d_gates, atol=1e-12)
     for k in names:
@@ -138,7 +138,7 @@ def test_elstm_closed_form_equals_autodiff_at_a_live_point():
     params = {"recurrent_weight": cell.recurrent_weight.detach() * 5}  # large weights: every term matters
     gates, c_prev = torch.randn(9, 2, 6, dtype=torch.float64), 2 * torch.randn(9, 6, dtype=torch.float64)
     value, d_state, d_gates, d_params = cell.recurrence_derivatives(gates, c_prev, params)
-    auto = derivatives._forward_mode(cell, "recurrence", params, gates, c_prev)
+    auto = derivatives.forward_mode(cell, "recurrence", params, gates, c_prev)
     with derivatives.substituted(cell, params):
         assert torch.allclose(value, cell.recurrence(gates, c_prev), atol=1e-12)
     assert torch.allclose(d_state, auto.d_state, atol=1e-12)

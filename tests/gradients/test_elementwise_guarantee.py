@@ -13,7 +13,7 @@ from torch import nn
 
 from onlinerec import RTRL, ElementwiseCell, NotElementwiseError, SnAP, check_gradients
 from onlinerec.cells import LRUCell, make_cell
-from onlinerec.gradients import derivatives
+from onlinerec.gradients import elementwise
 from onlinerec.gradients.check import bptt_gradients, method_gradients
 from tests.gradients.rotation import Rotation2Cell, Rotation3Cell
 from tests.helpers import rel_err
@@ -67,7 +67,7 @@ def _x4_gradient_error(cell, method):
 
 def test_region_mixing_passes_a_single_probe_at_one_scale(monkeypatch):
     """One probe at scale 1, without the trace or the live verification, misses region mixing."""
-    monkeypatch.setattr(derivatives, "PROBE_SCALES", (1.0,))
+    monkeypatch.setattr(elementwise, "PROBE_SCALES", (1.0,))
     torch.manual_seed(0)
     cell = Unchecked(3, 8).double()
     assert max(check_gradients(cell, RTRL(verify="off")).values()) < 1e-10  # looks exact

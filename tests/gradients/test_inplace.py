@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import onlinerec.gradients.inplace as inplace
 import onlinerec.gradients.sensitivity as sensitivity
 from onlinerec import RTRL, TBPTT, ELSTMCell, FELSTMCell, QRNNCell, SnAP, SRUCell
 from onlinerec.cells import GRUCell, IndRNNCell, LRUCell, MinGRUCell, MinLSTMCell, RTUCell, Stack
@@ -150,8 +151,8 @@ def test_folding_the_lazy_scale_is_exact(gather_max, problem, monkeypatch):
     inputs, reset, weights, d, n = problem
     cell = make(ELSTMCell, d, n)
     kept = run(RTRL(), cell, inputs, reset, weights, 1, donate=False)
-    monkeypatch.setattr(sensitivity, "_scale_bounds", lambda dtype: (0.7, 1 / 0.7))
-    monkeypatch.setattr(sensitivity, "_GATHER_FOLD_MAX", gather_max)
+    monkeypatch.setattr(inplace, "_scale_bounds", lambda dtype: (0.7, 1 / 0.7))
+    monkeypatch.setattr(inplace, "_GATHER_FOLD_MAX", gather_max)
     assert_same_run(kept, run(RTRL(), cell, inputs, reset, weights, 1, donate=True))
 
 
@@ -210,9 +211,9 @@ def test_block_scales_folded_at_every_step_stay_exact(bound, problem, monkeypatc
     inputs, reset, weights, d, n = problem
     kept = run(RTRL(), make(RotationCell, d, n), inputs, reset, weights, 1, donate=False)
     if bound == "condition":
-        monkeypatch.setattr(sensitivity, "_BLOCK_CONDITION_MAX", 0.0)  # every block is "ill-conditioned"
+        monkeypatch.setattr(inplace, "_BLOCK_CONDITION_MAX", 0.0)  # every block is "ill-conditioned"
     else:
-        monkeypatch.setattr(sensitivity, "_scale_bounds", lambda dtype: (1e300, 1e-300))  # every norm is out of range
+        monkeypatch.setattr(inplace, "_scale_bounds", lambda dtype: (1e300, 1e-300))  # every norm is out of range
     donated = run(RTRL(), make(RotationCell, d, n), inputs, reset, weights, 1, donate=True)
     assert_same_run(kept, donated)
     eye = torch.eye(3, dtype=torch.float64)[None, :, :, None].expand_as(donated[2].scale)

@@ -1,0 +1,252 @@
+"""A donated carry updated in place (``unroll(..., donate=True)``): no second sensitivity-sized tensor is made.
+
+- The fully online step (M = 1), :func:`carry_in_place`: S_1 = J_1 S_0 + I_1 rewrites the donated sensitivities in one
+  pass. The carry keeps S = a * S~ with a per-stream, per-unit factor a (B, N), or for units of K > 1 components a
+  K x K block A (B, K, K, N) per unit (see :class:`~onlinerec.gradients.carry.Carry`), so the decay J_1 multiplies a,
+  not S~. Units whose scale leaves the dtype's range, or whose block is singular or ill-conditioned, are folded into
+  S~ first. docs/performance.md#the-m--1-online-step measures the step.
+- A segment of M > 1 steps, :class:`DeferredCarry`: the batched carry
+  (:meth:`~onlinerec.gradients.sensitivity.SensitivityMethod.propagate`) writes S_M over S_0 once backward has read S_0.
+
+:func:`block_mul`, the per-unit K x K product, serves these and the batched carry alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from onlinerec.gradients.scan import Linearization
+
+if TYPE_CHECKING:
+    from onlinerec.gradients.sensitivity import Tracked
+
+
+def block_mul(a: Tensor, b: Tensor) -> Tensor:
+    """Per-unit matrix products: a (..., K, K, N) times b (..., K, X, N) -> (..., K, X, N), sum_j a[k, j] b[j, x]."""
+    return (a.unsqueeze(-2) * b.unsqueeze(-4)).sum(-3)
+
+
+def _scale_bounds(dtype: torch.dtype) -> tuple[float, float]:
+    """The range [max^(-1/2), max^(1/2)] of the dtype within which a lazy scale a is kept (2^-64 to 2^64 for float32 and
+    bfloat16, 2^-512 to 2^512 for float64): S~ = S / a overflows only where |S| exceeds max^(1/2) (1.8e19 in float32),
+    and becomes subnormal only where |S| is below tiny * max^(1/2) (2e-19), far beyond any gradient's resolution."""
+    low = torch.finfo(dtype).max ** -0.5
+    return low, 1 / low
+
+
+_GATHER_FOLD_MAX = 1 / 16
+"""Above this share of (stream, unit) rows a fold multiplies the whole sensitivity tensor (measured at the Atari shape,
+2-core CPU: a gather-scale-scatter of 10 % of the rows costs about as much as one pass over all of them, of 50 % 2-6x
+more)."""
+
+
+def _fold_out_of_range_(sens: dict[str, Tensor], a: Tensor) -> Tensor:
+    """Fold the factor of every unit whose a left :func:`_scale_bounds` (or is 0 after a reset) into S~ in place and
+    return a with 1 there: small tensors by one multiply, the big ones by a zero fill of the streams that a reset cut
+    and, for the other rows, an index pass over them (a few) or one multiply of the whole tensor (many)."""
+    low, high = _scale_bounds(a.dtype)
+    magnitude = a.abs()
+    smallest, largest = (v.item() for v in torch.aminmax(magnitude))
+    if smallest >= low and largest <= high:  # false for 0 (a reset), inf and nan
+        return a
+    # fold every unit past the middle of the range, not only those past its end, so that folds come in fewer,
+    # larger batches (each costs a dozen small ops besides the rows it touches)
+    off = ~((magnitude >= low**0.5) & (magnitude <= high**0.5))
+    big = [s for s in sens.values() if s.shape[-1] > 1]
+    factor = torch.where(off, a, 1.0)
+    for s in sens.values():
+        if s.shape[-1] == 1:
+            s.mul_(factor[:, None, :, None])
+    if big:
+        dead = (a == 0).all(1)  # streams cut by a reset: their sensitivities restart from zero (a write)
+        rest = off
+        if bool(dead.any()):
+            streams = dead.nonzero().squeeze(1).tolist()
+            for s in big:
+                for b in streams:  # a reset or two per step; faster than index_fill_
+                    s[b].zero_()
+            rest = off & ~dead[:, None]
+        share = rest.float().mean().item()
+        if share > _GATHER_FOLD_MAX:  # many rows: one streaming multiply of the whole tensor beats gathering them
+            factor = torch.where(rest, a, 1.0)[:, None, :, None]
+            for s in big:
+                s.mul_(factor)
+        elif share > 0:
+            _scale_rows_(big, rest, a)
+    return a.masked_fill(off, 1)
+
+
+def _scale_rows_(tensors: list[Tensor], rows: Tensor, factor: Tensor) -> None:
+    """Multiply the rows (b, :, n, :) of each tensor (B, P, N, F) where ``rows`` (B, N) is true by ``factor[b, n]``, in
+    place: an index_select, a multiply and an index_copy_ of those rows only."""
+    b_idx, n_idx = rows.nonzero(as_tuple=True)
+    f = factor[b_idx, n_idx]
+    for s in tensors:
+        _, p, n, width = s.shape
+        flat = ((b_idx[:, None] * p + torch.arange(p, device=s.device)) * n + n_idx[:, None]).reshape(-1)
+        view = s.view(-1, width)
+        view.index_copy_(0, flat, view.index_select(0, flat).mul_(f.repeat_interleave(p)[:, None]))
+
+
+def carry_in_place(
+    tracked: list[Tracked],
+    lin: Linearization,
+    feats: Tensor,
+    sens: dict[str, Tensor],
+    scale: Tensor | None,
+) -> tuple[dict[str, Tensor], Tensor]:
+    """One step S_1 = jh * S_0 + I_1 written into the donated tensors in one pass (M = 1, one component per unit).
+
+    The sensitivities are kept lazily scaled (:class:`~onlinerec.gradients.carry.Carry`): S = a * S~ with a
+    per-stream, per-unit factor a (B, N). The decay is then a = jh * a, a multiply of (B, N) numbers, and the update
+    one in-place multiply-add over S~, S~ += (I_1 / a): one read and one write of the sensitivities instead of two of
+    each (decay, then outer product). Rows whose factor leaves [max^(-1/2), max^(1/2)] of the dtype
+    (:func:`_scale_bounds`; a reset makes it 0) are folded into S~ first (an index pass over those rows only). Returns
+    S~ and a. Units of K > 1 components keep a K x K block per unit instead of a (:func:`_carry_blocks_in_place`)."""
+    dtype = next(iter(sens.values())).dtype
+    if lin.jh.dim() == 5:
+        return _carry_blocks_in_place(tracked, lin, feats, sens, scale, dtype)
+    with torch.autocast(lin.jh.device.type, enabled=False):
+        lin.cast_(dtype)
+        jh, d_gates, d_params, c_prev, d_mixed = lin.release()
+        a = jh[0] if scale is None else jh[0] * scale.to(dtype)  # (B, N)
+        a = _fold_out_of_range_(sens, a)
+        inv = a.reciprocal()[:, None, :]  # (B, 1, N)
+        sources = {"input": feats.detach().to(dtype)[0], "state": None if c_prev is None else c_prev[0]}
+        derivatives = {"gates": d_gates[0], "mixed": d_gates[0] if d_mixed is None else d_mixed[0]}
+        for tr in tracked:
+            s = sens[tr.name]
+            if tr.kind == "unit":
+                s.addcmul_(d_params[tr.name][0].unsqueeze(-1), inv.unsqueeze(-1))
+            elif tr.kind == "bias":
+                s.addcmul_(derivatives[tr.via].unsqueeze(-1), inv.unsqueeze(-1))
+            else:  # the outer product (dc/dgates / a) x u_1, added in place: the one pass over the big tensor
+                x = sources[tr.source]  # (B, F)
+                s.addcmul_((derivatives[tr.via] * inv).unsqueeze(-1), x[:, None, None, :])
+    return {tr.name: sens[tr.name] for tr in tracked}, a
+
+
+_BLOCK_CONDITION_MAX = 16.0
+"""A unit's lazy K x K scale A is folded into S~ once ||A|| ||A^-1|| (Frobenius) exceeds this (K for a scaled
+rotation such as the LRU's, which never folds for conditioning): S~ += A^-1 I loses about that factor of precision."""
+
+
+def _block_inverse(a: Tensor) -> Tensor:
+    """Per-unit inverses of blocks a (B, K, K, N); inf or nan where a block is singular (no error)."""
+    if a.shape[1] == 2:
+        p, q, r, s = a[:, 0, 0], a[:, 0, 1], a[:, 1, 0], a[:, 1, 1]
+        det = p * s - q * r
+        return torch.stack([torch.stack([s, -q], 1), torch.stack([-r, p], 1)], 1) / det[:, None, None]
+    inv, info = torch.linalg.inv_ex(a.permute(0, 3, 1, 2))
+    return inv.masked_fill((info != 0)[..., None, None], float("nan")).permute(0, 2, 3, 1)
+
+
+def _fold_blocks_out_of_range_(sens: dict[str, Tensor], a: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`_fold_out_of_range_` for K x K scales a (B, K, K, N): the units whose block has left the dtype's range
+    (:func:`_scale_bounds`, by its Frobenius norm), is singular (a reset zeroes it) or is ill-conditioned
+    (:data:`_BLOCK_CONDITION_MAX`) are folded into S~ (S~ <- a S~ on those rows) and get the identity. Returns the new
+    scale and its inverse."""
+    inv = _block_inverse(a)
+    low, high = _scale_bounds(a.dtype)
+    norm, inv_norm = a.square().sum((1, 2)).sqrt(), inv.square().sum((1, 2)).sqrt()  # (B, N)
+    fine = (norm >= low) & (norm <= high) & (norm * inv_norm <= _BLOCK_CONDITION_MAX)  # false for nan and inf
+    if bool(fine.all()):
+        return a, inv
+    # as for one component: fold past the middle of the range, so that folds come in fewer, larger batches
+    off = ~((norm >= low**0.5) & (norm <= high**0.5) & (norm * inv_norm <= _BLOCK_CONDITION_MAX))
+    dead = (a == 0).flatten(1).all(1)  # streams cut by a reset: their sensitivities restart from zero
+    for b in dead.nonzero().squeeze(1).tolist():
+        for s in sens.values():
+            s[b].zero_()
+    rest = off & ~dead[:, None]
+    if bool(rest.any()):
+        b_idx, n_idx = rest.nonzero(as_tuple=True)
+        blocks = a[b_idx, :, :, n_idx]  # (R, K, K)
+        for s in sens.values():
+            rows = s[b_idx, :, :, n_idx]  # (R, K, P, F): the units' components, gathered
+            s[b_idx, :, :, n_idx] = torch.einsum("rkj,rjpf->rkpf", blocks, rows)
+    eye = torch.eye(a.shape[1], dtype=a.dtype, device=a.device)[None, :, :, None]
+    mask = off[:, None, None, :]
+    return torch.where(mask, eye, a), torch.where(mask, eye, inv)
+
+
+def _carry_blocks_in_place(
+    tracked: list[Tracked],
+    lin: Linearization,
+    feats: Tensor,
+    sens: dict[str, Tensor],
+    scale: Tensor | None,
+    dtype: torch.dtype,
+) -> tuple[dict[str, Tensor], Tensor]:
+    """The fully online step for units of K > 1 components, lazily scaled by a K x K block per unit: S = A S~ (see
+    :class:`~onlinerec.gradients.carry.Carry`). S_1 = J_1 S_0 + I_1 = A_1 (S~_0 + A_1^-1 I_1) with A_1 = J_1 A_0, so
+    the decay is a product of (B, K, K, N) blocks and the update one in-place multiply-add over S~ of
+    (A_1^-1 dc/dgates) x u_1: one read and one write of the sensitivities, and no copy of them (the out-of-place decay
+    needs an eighth of them as a buffer)."""
+    with torch.autocast(feats.device.type, enabled=False):
+        lin.cast_(dtype)
+        jh, d_gates, d_params, _, _ = lin.release()
+        a = jh[0] if scale is None else block_mul(jh[0], scale.to(dtype))  # (B, K, K, N)
+        a, inv = _fold_blocks_out_of_range_(sens, a)
+        x = feats.detach().to(dtype)[0]  # (B, F)
+        weighted = block_mul(inv, d_gates[0])  # (B, K, G, N): A^-1 dc/dgates
+        for tr in tracked:
+            s = sens[tr.name]
+            if tr.kind == "unit":
+                s.add_(block_mul(inv, d_params[tr.name][0]).unsqueeze(-1))
+            elif tr.kind == "bias":
+                s.add_(weighted.unsqueeze(-1))
+            else:  # the outer product, added in place: the one pass over the big tensor
+                s.view(*weighted.shape[:2], -1, s.shape[-1]).addcmul_(
+                    weighted.flatten(2).unsqueeze(-1), x[:, None, None, :]
+                )
+    return {tr.name: sens[tr.name] for tr in tracked}, a
+
+
+class DeferredCarry:
+    """The new sensitivities of a donated segment (M > 1), computed once the old ones are no longer needed.
+
+    The gradient of the segment reads S_0 in backward, so computing S_M during the forward pass keeps both alive (two
+    sensitivity-sized tensors at the peak). Instead, the segment's local derivatives are kept (backward keeps them
+    anyway) and S_M is written over S_0 in place right after backward has read S_0: one sensitivity-sized tensor at
+    every moment. If the carry is read before that backward (``Carry.sensitivities``, a checkpoint, the next segment),
+    S_M is computed out of place as usual and the later backward still finds S_0 intact. Either way the result is the
+    same S_M = P(0,M) S_0 + sum_tau P(tau,M) I_tau, from ``batched_carry(tracked, lin, feats, sens0, in_place=...)``
+    (the method's carry)."""
+
+    def __init__(
+        self, batched_carry: Callable[..., dict[str, Tensor]], tracked: list[Tracked], sens0: dict[str, Tensor]
+    ) -> None:
+        self.batched_carry, self.tracked, self.sens0 = batched_carry, tracked, sens0
+        self.lin: Linearization | None = None
+        self.feats: Tensor | None = None
+        self.result: dict[str, Tensor] | None = None
+        self.overwritten = False  # S_0 now holds S_M
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    def prepare(self, lin: Linearization, feats: Tensor) -> None:
+        self.lin, self.feats = lin, feats
+
+    def _compute(self, in_place: bool) -> dict[str, Tensor]:
+        if self.result is None:
+            with torch.no_grad():
+                self.result = self.batched_carry(self.tracked, self.lin, self.feats, self.sens0, in_place=in_place)
+            self.lin = self.feats = None
+        return self.result
+
+    def old_sensitivities_read(self) -> None:
+        """Backward has used S_0: overwrite it with S_M (unless the carry was already read and computed)."""
+        if self.lin is not None:
+            self._compute(in_place=True)
+            self.overwritten = True
+
+    def materialize(self) -> dict[str, Tensor]:
+        """S_M for a reader of the carry: out of place if backward has not read S_0 yet."""
+        return self._compute(in_place=False)
