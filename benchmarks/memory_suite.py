@@ -333,7 +333,7 @@ def run_child(cmd: list[str], log_path: Path) -> tuple[int, float]:
 def run_r2ac(name: str, method: str, seed: int, out: Path, steps: int, cell: str | None) -> dict[str, Any]:
     import yaml
 
-    from onlinerec.rl.runner import load_curve
+    from onlinerec.rl.curves import load_curve
 
     cfg = r2ac_config(name, method, seed, out, steps, cell)
     run_dir = Path(cfg["out_dir"])

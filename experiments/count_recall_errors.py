@@ -148,7 +148,7 @@ class R2ACPlayer:
     def act(self, obs: np.ndarray, reward: np.ndarray, reset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         import torch
 
-        from onlinerec.rl.rollout import obs_to_tensor
+        from onlinerec.rl.segment import obs_to_tensor
 
         self.seen.clear()
         with torch.no_grad():

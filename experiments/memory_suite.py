@@ -153,13 +153,10 @@ SETTINGS: dict[str, dict[str, Any]] = {
         "method": "rtrl", **_LRU_MINGRU, "r2ac": {**_LRU_MINGRU["r2ac"], "reward_norm": False},
         "config": {**_LRU_MINGRU["config"], "M": 16},
     },
-    # lru_mingru_pg with time limits bootstrapped; with a value head behind a stop-gradient
+    # lru_mingru_pg with time limits bootstrapped (lru_mingru_vdetach, the value head behind a stop-gradient, used
+    # R2ACConfig.detach_value, which onlinerec no longer has: log.md keeps its result)
     "lru_mingru_pg_boot": {
         "method": "rtrl", **_LRU_MINGRU, "r2ac": {**_LRU_MINGRU["r2ac"], "bootstrap_truncation": True},
-    },
-    "lru_mingru_vdetach": {
-        "method": "rtrl", **_LRU_MINGRU,
-        "r2ac": {**_LRU_MINGRU["r2ac"], "baseline_cost": 0.5, "detach_value": True, "bootstrap_truncation": True},
     },
     "lru_mingru_pg_raw_m16_e2": {
         "method": "rtrl", **_LRU_MINGRU, "r2ac": {**_LRU_MINGRU["r2ac"], "reward_norm": False, "epochs": 2},

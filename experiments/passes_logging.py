@@ -38,8 +38,9 @@ def cpu_seconds_per_1k_steps(env: str, config: Path, steps: int, log_every_pass:
     import lightning as L
     import torch
 
+    from onlinerec.rl.experiment import parse_experiment
     from onlinerec.rl.r2ac import R2AC
-    from onlinerec.rl.runner import build, parse_experiment
+    from onlinerec.rl.runner import build
     from onlinerec.training.module import OnlineRecurrentModule
 
     cfg = parse_experiment(["--config", str(config), "--env", env, "--total_frames", str(steps)])

@@ -4,7 +4,7 @@ Every subcommand is configured the same way (jsonargparse; :mod:`onlinerec.confi
 overrides, and ``--help`` listing every option with its docstring.
 
 - ``onlinerec demo [options]``: :mod:`onlinerec.tasks.demo` (:class:`~onlinerec.tasks.demo.DemoConfig`).
-- ``onlinerec rl --config file.yaml [options]``: one R2AC experiment (:class:`~onlinerec.rl.runner.ExperimentConfig`).
+- ``onlinerec rl --config file.yaml [options]``: one R2AC experiment (:class:`~onlinerec.rl.experiment.ExperimentConfig`).
 - ``onlinerec fit|validate|test|predict --config file.yaml``: a :class:`~lightning.pytorch.cli.LightningCLI` over any
   LightningModule and LightningDataModule named by ``class_path`` (``onlinerec fit --config examples/copy_task.yaml``);
   the trainer's strategy may be ``rtrl`` / ``tbptt`` / ``snap`` or ``class_path: onlinerec.RTRLStrategy`` with

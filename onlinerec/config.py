@@ -1,7 +1,7 @@
 """One way to configure every entry point: a typed dataclass, filled from YAML files and command-line options.
 
 ``onlinerec demo`` and ``onlinerec rl`` parse their dataclass (:class:`~onlinerec.tasks.demo.DemoConfig`,
-:class:`~onlinerec.rl.runner.ExperimentConfig`) with :func:`parse_config`, and ``onlinerec fit/validate/test`` use
+:class:`~onlinerec.rl.experiment.ExperimentConfig`) with :func:`parse_config`, and ``onlinerec fit/validate/test`` use
 Lightning's LightningCLI; both are jsonargparse, so ``--config file.yaml``, dotted overrides (``--r2ac.lr 1e-3``) and
 ``--help`` (every option with its field's docstring) work the same everywhere.
 """

@@ -19,7 +19,7 @@ def parse_as_onlinerec_rl(cfg, tmp_path):
     """A setting's config as ``onlinerec rl --config`` reads it (an unknown option or a bad value raises)."""
     import yaml
 
-    from onlinerec.rl.runner import parse_experiment
+    from onlinerec.rl.experiment import parse_experiment
 
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))

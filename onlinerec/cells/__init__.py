@@ -21,7 +21,40 @@ from onlinerec.cells.sru import SRUCell
 from onlinerec.cells.stack import Stack
 from onlinerec.registry import Registry
 
-CELLS: Registry[ElementwiseCell] = Registry(
+
+class _CellRegistry(Registry):
+    """The cell registry: a class path into ``__main__`` that this process cannot resolve (a cell class defined in the
+    script that saved a checkpoint) gets an error that says how to load such a checkpoint."""
+
+    def resolve(self, spec: str | type) -> type:
+        try:
+            return super().resolve(spec)
+        except ValueError as err:
+            if isinstance(spec, str) and spec.startswith("__main__."):
+                raise ValueError(main_class_error(spec)) from None
+            if isinstance(spec, str) and spec.isidentifier() and spec[:1].isupper():  # a class's bare name
+                raise ValueError(
+                    f"{err} A checkpoint that stores a cell of your own by its class name is loaded with "
+                    f"load_from_checkpoint(path, cell={spec}(...)), the cell built as it was for training."
+                ) from None
+            raise
+
+
+def main_class_error(path: str, init_args: Mapping[str, Any] | None = None) -> str:
+    """The error for a cell class path ``__main__.<Name>`` that this process cannot import."""
+    name = path.rpartition(".")[2]
+    built = f"{name}({', '.join(f'{k}={v!r}' for k, v in init_args.items())})" if init_args is not None else None
+    how = f" (it was built as {built})" if built else ""
+    return (
+        f"{path!r} names a cell class defined in the script that saved this checkpoint (its __main__ module), which "
+        f"no other process can import. Pass the cell when loading: load_from_checkpoint(path, cell={name}(...)), "
+        f"with {name} imported or defined where you load{how}; the weights still come from the checkpoint. Or define "
+        f"{name} in an importable module (e.g. my_cells.py, and `from my_cells import {name}` in the training "
+        f"script): the checkpoints saved from then on name it my_cells.{name}, which any process can import."
+    )
+
+
+CELLS: Registry[ElementwiseCell] = _CellRegistry(
     "cell",
     ElementwiseCell,
     {
@@ -230,7 +263,13 @@ def build_cell_spec(spec: Mapping[str, Any]) -> ElementwiseCell:
             return [revive(v) for v in value]
         return value
 
-    cls = CELLS.resolve(spec["class_path"])
+    path = spec["class_path"]
+    if isinstance(path, str) and path.startswith("__main__."):
+        try:
+            CELLS.resolve(path)
+        except ValueError:
+            raise ValueError(main_class_error(path, spec.get("init_args") or {})) from None
+    cls = CELLS.resolve(path)
     return cls(**{k: revive(v) for k, v in (spec.get("init_args") or {}).items()})
 
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from onlinerec.rl.actor import Actor, RolloutStream
+from onlinerec.rl.datamodule import RolloutDataModule
 from onlinerec.rl.nets import STEMS, ImpalaStem, MLPStem, NatureStem, make_stem
-from onlinerec.rl.r2ac import R2AC, R2ACConfig
-from onlinerec.rl.rollout import Actor, RolloutDataModule, RolloutSegment, RolloutStream
+from onlinerec.rl.r2ac import R2AC
+from onlinerec.rl.r2ac_config import R2ACConfig
+from onlinerec.rl.segment import RolloutSegment
 from onlinerec.rl.vtrace import vtrace
 
 __all__ = [

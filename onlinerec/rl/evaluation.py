@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from onlinerec.rl.envs.base import ensure_contract
-from onlinerec.rl.rollout import obs_to_tensor
+from onlinerec.rl.segment import obs_to_tensor
 
 __all__ = ["VideoRecorder", "evaluate"]
 

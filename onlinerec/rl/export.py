@@ -9,7 +9,7 @@
     action, state = policy(obs, reset, state, reward) # one step for every stream
 
 ``obs`` is a batch of observations as the env gives them (``(B, *obs_shape)``; a Dict/Tuple observation as the flat
-dict of :func:`~onlinerec.rl.rollout.obs_to_tensor`, text values as their CRC-32 ids), ``reset`` (B,) bool marks
+dict of :func:`~onlinerec.rl.segment.obs_to_tensor`, text values as their CRC-32 ids), ``reset`` (B,) bool marks
 streams whose observation starts an episode (their state is zeroed first), ``reward`` (B,) is the reward that
 arrived with ``obs`` (the agent reads it; omitted: zeros). The step goes through the modules' own single-step code:
 the stem, :meth:`R2AC.features` (scaled and clipped reward), one step of the module's own unroll (the method R2AC

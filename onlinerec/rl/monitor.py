@@ -10,7 +10,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from onlinerec.rl.rollout import RolloutSegment
+from onlinerec.rl.segment import RolloutSegment
 
 __all__ = ["RolloutMonitor"]
 
@@ -22,7 +22,7 @@ class RolloutMonitor(Callback):
     repeat), ``fps`` (frames per second of wall time since this fit started, learning included), ``episodes``
     (real episodes finished), ``return`` (mean undiscounted return of the last ``window`` finished episodes) and
     ``env_restarts`` (crashed env workers replaced). The frame counter itself lives in the
-    :class:`~onlinerec.rl.rollout.RolloutDataModule` (each segment carries it); the episode window is this
+    :class:`~onlinerec.rl.datamodule.RolloutDataModule` (each segment carries it); the episode window is this
     callback's state, checkpointed with it.
 
     Args:

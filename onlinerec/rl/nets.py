@@ -204,7 +204,7 @@ def text_ids(values: object) -> Tensor:
 
 
 def flat_spaces(spec: dict[str, object], prefix: str = "") -> dict[str, dict[str, object]]:
-    """The leaves of a Dict/Tuple space spec (:func:`onlinerec.rl.policy.space_spec`) by flat key: nested Dict keys are
+    """The leaves of a Dict/Tuple space spec (:func:`onlinerec.rl.spaces.space_spec`) by flat key: nested Dict keys are
     joined with ``.``, Tuple items are named by their index (``"0"``, ``"1"``, ...). Any other spec is one leaf
     named ``"obs"`` (or ``prefix``)."""
     kind = spec["type"]

@@ -16,10 +16,8 @@ head                   action space            parameters (..., P)              
 ``log_prob(params, actions)`` and ``entropy(params)`` return (...,) tensors that V-trace and the losses use
 unchanged; ``sample``/``mode`` draw or pick actions; ``env_actions(actions)`` maps them into the env's action
 space (the identity for Discrete; for a Box: tanh squashing or clipping, then the affine map of [-1, 1] onto
-[low, high]). :func:`make_head` picks the head from a gymnasium space (or its :func:`space_spec`); a mixed
-Discrete/Box space (Tuple or Dict) is refused.
-
-Spaces are stored in checkpoints as :func:`space_spec` dicts (plain types only, so checkpoints load weights-only).
+[low, high]). :func:`make_head` picks the head from a gymnasium space (or its
+:func:`~onlinerec.rl.spaces.space_spec`); a mixed Discrete/Box space (Tuple or Dict) is refused.
 """
 
 from __future__ import annotations
@@ -31,97 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["ActionHead", "CategoricalHead", "GaussianHead", "make_head", "space_from_spec", "space_spec"]
+from onlinerec.rl.spaces import space_spec
+
+__all__ = ["ActionHead", "CategoricalHead", "GaussianHead", "make_head"]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
-
-
-# -- spaces as plain data ---------------------------------------------------------------------------------------
-def _bound(values: Any) -> float | list[float]:
-    import numpy as np
-
-    arr = np.asarray(values, dtype=np.float64).reshape(-1)
-    if arr.size and np.all(arr == arr[0]):
-        return float(arr[0])
-    return [float(v) for v in arr]
-
-
-def space_spec(space: Any) -> dict[str, Any]:
-    """A gymnasium space as a dict of plain Python values (JSON/YAML-able, loadable with ``weights_only=True``).
-
-    ``{"type": "Discrete", "n", "start"}``, ``{"type": "Box", "shape", "low", "high", "dtype"}`` (a bound that is
-    the same everywhere is one float), ``{"type": "MultiDiscrete", "nvec"}``, ``{"type": "MultiBinary", "shape"}``,
-    ``{"type": "Text", "min_length", "max_length", "charset"}`` (another space whose samples are strings, as
-    MiniGrid's ``MissionSpace``: ``{"type": "Text", "space": its class name}``), ``{"type": "Dict", "spaces": {key: spec}}``, ``{"type": "Tuple",
-    "spaces": [spec, ...]}``. A dict with a ``"type"`` is returned as it is.
-    """
-    if isinstance(space, dict) and "type" in space:
-        return space
-    import gymnasium
-    import numpy as np
-
-    spaces = gymnasium.spaces
-    if isinstance(space, spaces.Discrete):
-        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
-    if isinstance(space, spaces.Box):
-        return {
-            "type": "Box",
-            "shape": [int(s) for s in space.shape],
-            "low": _bound(space.low),
-            "high": _bound(space.high),
-            "dtype": np.dtype(space.dtype).name,
-        }
-    if isinstance(space, spaces.MultiDiscrete):
-        return {"type": "MultiDiscrete", "nvec": np.asarray(space.nvec).astype(int).tolist()}
-    if isinstance(space, spaces.MultiBinary):
-        return {"type": "MultiBinary", "shape": [int(s) for s in np.atleast_1d(space.shape)]}
-    if isinstance(space, spaces.Text):
-        return {
-            "type": "Text",
-            "min_length": int(space.min_length),
-            "max_length": int(space.max_length),
-            "charset": "".join(sorted(space.character_set)),
-        }
-    if isinstance(space, spaces.Dict):
-        return {"type": "Dict", "spaces": {str(k): space_spec(v) for k, v in space.spaces.items()}}
-    if isinstance(space, spaces.Tuple):
-        return {"type": "Tuple", "spaces": [space_spec(v) for v in space.spaces]}
-    if isinstance(space, spaces.Space) and isinstance(space.sample(), str):  # e.g. MiniGrid's MissionSpace
-        return {"type": "Text", "space": type(space).__name__}
-    raise ValueError(
-        f"unsupported space {space!r}: onlinerec takes Discrete, Box, MultiDiscrete, MultiBinary, Text, Dict and Tuple."
-    )
-
-
-def space_from_spec(spec: dict[str, Any]) -> Any:
-    """The gymnasium space of a :func:`space_spec` dict."""
-    import gymnasium
-    import numpy as np
-
-    spaces = gymnasium.spaces
-    kind = spec["type"]
-    if kind == "Discrete":
-        return spaces.Discrete(spec["n"], start=spec.get("start", 0))
-    if kind == "Box":
-        shape = tuple(spec["shape"])
-        dtype = np.dtype(spec["dtype"])  # bounds in the space's own dtype: they came from it, so the cast is exact
-        low = np.asarray(spec["low"], dtype=dtype).reshape(shape if isinstance(spec["low"], list) else ())
-        high = np.asarray(spec["high"], dtype=dtype).reshape(shape if isinstance(spec["high"], list) else ())
-        return spaces.Box(np.broadcast_to(low, shape), np.broadcast_to(high, shape), shape, dtype=spec["dtype"])
-    if kind == "MultiDiscrete":
-        return spaces.MultiDiscrete(spec["nvec"])
-    if kind == "MultiBinary":
-        return spaces.MultiBinary(spec["shape"])
-    if kind == "Text":
-        kwargs = {"min_length": spec.get("min_length", 1)}
-        if "charset" in spec:
-            kwargs["charset"] = spec["charset"]
-        return spaces.Text(spec.get("max_length", 256), **kwargs)
-    if kind == "Dict":
-        return spaces.Dict({k: space_from_spec(v) for k, v in spec["spaces"].items()})
-    if kind == "Tuple":
-        return spaces.Tuple([space_from_spec(v) for v in spec["spaces"]])
-    raise ValueError(f"unknown space type {kind!r}")
 
 
 def _leaf_types(spec: dict[str, Any]) -> list[str]:
@@ -320,7 +232,7 @@ class GaussianHead(ActionHead):
 
 
 def make_head(action_space: Any, in_features: int, **gaussian: Any) -> ActionHead:
-    """The head for ``action_space`` (a gymnasium space or its :func:`space_spec`): ``Discrete`` ->
+    """The head for ``action_space`` (a gymnasium space or its :func:`~onlinerec.rl.spaces.space_spec`): ``Discrete`` ->
     :class:`CategoricalHead`, float ``Box`` -> :class:`GaussianHead` (``gaussian`` are its keyword arguments).
     Mixed Discrete/Box spaces and other spaces are refused with a ``ValueError`` that says what to do."""
     spec = space_spec(action_space)

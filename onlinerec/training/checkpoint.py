@@ -42,6 +42,7 @@ __all__ = [
     "atomic_torch_save",
     "drop_carried_state",
     "load_checkpoint_file",
+    "peek_checkpoint",
     "verify_checkpoint_file",
 ]
 
@@ -159,6 +160,12 @@ def load_checkpoint_file(path: _PATH, map_location: Any = None, weights_only: bo
             "file, resume with trainer.fit(..., weights_only=False), or allow the named classes with "
             f"torch.serialization.add_safe_globals([...]). torch said: {err}"
         ) from err
+
+
+def peek_checkpoint(path: _PATH) -> dict[str, Any]:
+    """A checkpoint's contents with its tensors memory-mapped, not read (weights only; local files): a cheap look at
+    its hyper-parameters and onlinerec's entries. Check the file first (:func:`verify_checkpoint_file`)."""
+    return torch.load(os.fspath(path), map_location="cpu", weights_only=True, mmap=True)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

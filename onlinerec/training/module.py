@@ -15,12 +15,13 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
+from onlinerec.cells import build_cell_spec, cell_reference
 from onlinerec.cells.base import ElementwiseCell
 from onlinerec.data.segment import Segment
 from onlinerec.gradients import METHODS, TBPTT, Carry, GradientMethod
 from onlinerec.gradients.carry import StackCarry, load_carry
 from onlinerec.training.callbacks import FiniteGuard
-from onlinerec.training.checkpoint import CARRY_KEY, verify_checkpoint_file
+from onlinerec.training.checkpoint import CARRY_KEY, peek_checkpoint, verify_checkpoint_file
 from onlinerec.training.stream_order import ContinuityCheck, check_batching, check_ranks_differ, check_stream_order
 
 __all__ = ["OnlineRecurrentModule"]
@@ -33,6 +34,9 @@ warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` 
 # Manual optimisation makes Lightning warn that a step checkpoint holds the weights after that step's update. That is
 # what resuming needs: the carry saved with them is the one after the same update (resume is tested to continue exactly).
 warnings.filterwarnings("ignore", message=r".*Using ModelCheckpoint with manual optimization and every_n_train_steps.*")
+# A cell among a module's hyper-parameters is stored as its cell_spec (on_save_checkpoint), not pickled with the weights:
+# keeping it there is what lets load_from_checkpoint rebuild it, so Lightning's advice to leave it out does not apply.
+warnings.filterwarnings("ignore", message=r"Attribute 'cell' is an instance of `nn.Module` and is already saved.*")
 
 
 class OnlineRecurrentModule(L.LightningModule):
@@ -80,9 +84,15 @@ class OnlineRecurrentModule(L.LightningModule):
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         """Lightning's ``load_from_checkpoint``, after checking the file (:func:`~onlinerec.training.checkpoint.
-        verify_checkpoint_file`: a damaged file is named, not half-loaded) and weights-only unless asked otherwise."""
+        verify_checkpoint_file`: a damaged file is named, not half-loaded) and weights-only unless asked otherwise.
+
+        Keyword arguments replace the saved hyper-parameters, so ``load_from_checkpoint(path, cell=MyCell(...))``
+        gives the model a cell built here (its weights still come from the checkpoint): the way to load a cell class
+        that the saving process defined in its ``__main__``. A cell that a subclass passed to
+        ``save_hyperparameters()`` is stored as its :func:`~onlinerec.cells.cell_spec` and rebuilt here."""
         if isinstance(checkpoint_path, (str, os.PathLike)):
             verify_checkpoint_file(checkpoint_path)
+            kwargs.update(_saved_cells(checkpoint_path, given=set(kwargs)))
         kwargs.setdefault("weights_only", True)
         return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
@@ -360,7 +370,19 @@ class OnlineRecurrentModule(L.LightningModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Stores the carried state of every rank: under DDP it is gathered to rank 0, which writes the file."""
+        """Stores the carried state of every rank: under DDP it is gathered to rank 0, which writes the file.
+
+        A cell among the hyper-parameters (a subclass's ``save_hyperparameters()`` with a cell argument) is stored
+        as its :func:`~onlinerec.cells.cell_spec`, not as the module, so that the file loads weights-only; a cell
+        class defined in ``__main__`` is named in a warning (no other process can import it)."""
+        _warn_main_cells(self.cell)
+        checkpoint[CARRY_KEY] = {}
+        hparams = checkpoint.get(self.CHECKPOINT_HYPER_PARAMS_KEY)
+        if isinstance(hparams, dict):
+            specs = _cell_specs(hparams)
+            if specs:
+                checkpoint[self.CHECKPOINT_HYPER_PARAMS_KEY] = {**hparams, **specs}
+                checkpoint[CARRY_KEY]["cell_hparams"] = sorted(specs)
         carries = {k: v.to("cpu").state_dict() for k, v in self._carries.items()}
         world, rank = _world()
         per_rank = [carries]
@@ -369,11 +391,7 @@ class OnlineRecurrentModule(L.LightningModule):
             dist.gather_object(carries, gathered, dst=0)  # every rank calls this: Lightning saves collectively
             per_rank = gathered if gathered is not None else []
         # "carries" is rank 0's (the whole state in a single-process run); torch.save stores shared tensors once.
-        checkpoint[CARRY_KEY] = {
-            "world_size": world,
-            "carries": per_rank[0] if per_rank else {},
-            "rank_carries": per_rank,
-        }
+        checkpoint[CARRY_KEY].update(world_size=world, carries=per_rank[0] if per_rank else {}, rank_carries=per_rank)
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -404,6 +422,61 @@ class OnlineRecurrentModule(L.LightningModule):
             self._carries = {}
             return
         self._carries = {k: load_carry(v) for k, v in per_rank[rank].items()}
+
+
+_WARNED_MAIN_CELLS: set[str] = set()
+
+
+def _warn_main_cells(cell: ElementwiseCell | None) -> None:
+    """Warn once per class about cell classes defined in ``__main__``: a checkpoint names them ``__main__.<Name>``."""
+    if cell is None:
+        return
+    for module in cell.modules():
+        cls = type(module)
+        if not isinstance(module, ElementwiseCell) or cls.__module__ != "__main__":
+            continue
+        if cls.__qualname__ in _WARNED_MAIN_CELLS:
+            continue
+        _WARNED_MAIN_CELLS.add(cls.__qualname__)
+        name = cls.__qualname__
+        rank_zero_warn(
+            f"The cell class {name} is defined in __main__ (the script being run), which no other process can "
+            f"import, so no other process can rebuild it from this checkpoint alone. Define {name} in an importable "
+            f"module (e.g. my_cells.py, and `from my_cells import {name}` in this script), or pass the cell when "
+            f"loading: load_from_checkpoint(path, cell={name}(...))."
+        )
+
+
+def _cell_specs(hparams: dict[str, Any]) -> dict[str, Any]:
+    """The hyper-parameters that are cells (or lists of cells), as their cell_spec; those that cannot be described
+    (a class defined in a function, constructor arguments that are not plain data) are left as they are."""
+    specs = {}
+    for key, value in hparams.items():
+        cells = value if isinstance(value, (list, tuple)) else [value]
+        if cells and all(isinstance(c, ElementwiseCell) for c in cells):
+            try:
+                specs[key] = cell_reference(value)
+            except (TypeError, ValueError):
+                continue
+    return specs
+
+
+def _saved_cells(path: str | os.PathLike, given: set[str]) -> dict[str, Any]:
+    """The cells that :meth:`OnlineRecurrentModule.on_save_checkpoint` stored as specs in the checkpoint at ``path``,
+    rebuilt, except those ``given`` as keyword arguments (a cheap read: the weights are memory-mapped, not loaded)."""
+    try:
+        ckpt = peek_checkpoint(path)
+    except Exception:  # noqa: BLE001 - Lightning's own load reports whatever is wrong with the file
+        return {}
+    names = (ckpt.get(CARRY_KEY) or {}).get("cell_hparams") or []
+    hparams = ckpt.get(OnlineRecurrentModule.CHECKPOINT_HYPER_PARAMS_KEY) or {}
+    return {name: _rebuild(hparams[name]) for name in names if name in hparams and name not in given}
+
+
+def _rebuild(spec: Any) -> Any:
+    if isinstance(spec, list):
+        return [_rebuild(s) for s in spec]
+    return build_cell_spec(spec) if isinstance(spec, dict) else spec
 
 
 def _world() -> tuple[int, int]:

@@ -14,8 +14,8 @@ import torch
 from onlinerec import RTRLStrategy
 from onlinerec.rl import R2AC, RolloutDataModule, RolloutStream
 from onlinerec.rl.nets import DictStem, SmallImageStem, flat_spaces, flatten_observation, text_ids
-from onlinerec.rl.policy import space_spec
-from onlinerec.rl.rollout import obs_to_tensor
+from onlinerec.rl.segment import obs_to_tensor
+from onlinerec.rl.spaces import space_spec
 
 pytest.importorskip("minigrid")
 

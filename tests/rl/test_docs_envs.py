@@ -30,7 +30,7 @@ def test_bring_your_own_env_recipe_runs(tmp_path, monkeypatch, capsys):
 
 def test_the_config_example_is_a_valid_rl_config(tmp_path):
     from onlinerec.rl import RolloutDataModule
-    from onlinerec.rl.runner import parse_experiment
+    from onlinerec.rl.experiment import parse_experiment
 
     (config,) = blocks("yaml")
     path = tmp_path / "my_run.yaml"

@@ -13,7 +13,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from onlinerec.rl import RolloutDataModule
 from onlinerec.rl.envs import action_kind, ensure_contract, make_vector_env, num_actions
 from onlinerec.rl.envs import spaces as env_spaces
-from onlinerec.rl.rollout import check_agent_fits_env
+from onlinerec.rl.spaces import check_agent_fits_env
 
 
 class Recorder(gym.Env):
@@ -264,7 +264,7 @@ def test_gymnasium_family_vectorisation_with_wrappers(vectorization):
 
 
 def test_experiment_config_takes_wrappers_and_a_factory(tmp_path):
-    from onlinerec.rl.runner import parse_experiment
+    from onlinerec.rl.experiment import parse_experiment
 
     config = tmp_path / "run.yaml"
     config.write_text(

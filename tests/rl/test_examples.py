@@ -63,7 +63,8 @@ def test_memory_example(tmp_path):
 
 def test_example_plumbing_resumes_from_last_checkpoint(tmp_path):
     """The same command run again with a larger budget continues from last.ckpt (in-process, to stay fast)."""
-    from onlinerec.rl.runner import parse_experiment, run_experiment
+    from onlinerec.rl.experiment import parse_experiment
+    from onlinerec.rl.runner import run_experiment
 
     args = [
         *TINY,
@@ -138,8 +139,8 @@ def test_dmlab_example_says_how_to_install(tmp_path):
 
 
 def test_config_yaml_and_overrides(tmp_path):
-    from onlinerec.rl.r2ac import R2ACConfig
-    from onlinerec.rl.runner import ExperimentConfig, parse_experiment
+    from onlinerec.rl.experiment import ExperimentConfig, parse_experiment
+    from onlinerec.rl.r2ac_config import R2ACConfig
 
     cfg = parse_experiment(
         ["--M", "7", "--r2ac.lr", "0.01", "--env_kwargs", '{"length": 9}'], EXAMPLES / "configs" / "atari_breakout.yaml"
@@ -154,7 +155,8 @@ def test_config_yaml_and_overrides(tmp_path):
 def test_the_cartpole_config_trains_its_stack_with_truncations_bootstrapped(tmp_path):
     """cartpole_novel.yaml as shipped, tiny: its two-layer core and its time-limit bootstrapping (a TimeLimit of 8
     steps, so that cuts happen within the budget) run end to end."""
-    from onlinerec.rl.runner import parse_experiment, run_experiment
+    from onlinerec.rl.experiment import parse_experiment
+    from onlinerec.rl.runner import run_experiment
 
     limit = "{wrappers: [{class_path: gymnasium.wrappers.TimeLimit, init_args: {max_episode_steps: 8}}]}"
     out = tmp_path / "cartpole"
@@ -174,7 +176,8 @@ def test_the_long_segments_config_trains_its_minibatched_passes_on_the_pendulum(
     10 passes over each segment in 4 minibatches, time-limit bootstrapping, a critic of its own and normalised
     observations, end to end."""
     pytest.importorskip("popgym")
-    from onlinerec.rl.runner import parse_experiment, run_experiment
+    from onlinerec.rl.experiment import parse_experiment
+    from onlinerec.rl.runner import run_experiment
 
     out = tmp_path / "long"
     cfg = parse_experiment(
@@ -189,7 +192,7 @@ def test_the_long_segments_config_trains_its_minibatched_passes_on_the_pendulum(
 
 
 def test_learning_curve_plot(tmp_path):
-    from onlinerec.rl.runner import load_curve, plot_learning_curves
+    from onlinerec.rl.curves import load_curve, plot_learning_curves
 
     for k, run in enumerate(["a", "b"]):
         (tmp_path / run / "csv" / "version_0").mkdir(parents=True)
@@ -202,7 +205,8 @@ def test_learning_curve_plot(tmp_path):
 
 def test_a_resume_continues_only_the_same_experiment(tmp_path, capsys):
     """Running the docstring's pair (rtrl, then tbptt) into one folder used to resume the RTRL run as "tbptt"."""
-    from onlinerec.rl.runner import main, parse_experiment, run_experiment
+    from onlinerec.rl.experiment import parse_experiment
+    from onlinerec.rl.runner import main, run_experiment
     from onlinerec.training.checkpoint import CorruptCheckpointError
 
     base = [*TINY, "--env_kwargs", '{"length": 3}', "--eval_episodes", "0", "--stem", "mlp", "--total_frames", "16"]
@@ -251,7 +255,7 @@ def test_a_resume_continues_only_the_same_experiment(tmp_path, capsys):
 
 
 def test_default_output_folders_differ_by_method_cell_M_and_seed():
-    from onlinerec.rl.runner import parse_experiment
+    from onlinerec.rl.experiment import parse_experiment
 
     dirs = {
         parse_experiment(args).run_dir
@@ -272,8 +276,8 @@ def test_every_yaml_value_that_differs_from_the_default_says_why(path):
 
     import yaml
 
-    from onlinerec.rl.r2ac import R2ACConfig
-    from onlinerec.rl.runner import ExperimentConfig
+    from onlinerec.rl.experiment import ExperimentConfig
+    from onlinerec.rl.r2ac_config import R2ACConfig
 
     text = path.read_text()
     values = yaml.safe_load(text)

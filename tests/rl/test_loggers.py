@@ -11,9 +11,11 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from lightning.pytorch.loggers import Logger
 
 from onlinerec.rl import R2AC, R2ACConfig
+from onlinerec.rl.curves import load_curve
 from onlinerec.rl.envs import make_vector_env
 from onlinerec.rl.evaluation import evaluate
-from onlinerec.rl.runner import ExperimentConfig, load_curve, make_logger, run_experiment
+from onlinerec.rl.experiment import ExperimentConfig
+from onlinerec.rl.runner import make_logger, run_experiment
 
 
 class RecordingLogger(Logger):

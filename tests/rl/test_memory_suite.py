@@ -44,7 +44,7 @@ def parse_as_onlinerec_rl(cfg, tmp_path):
     """A method's config as ``onlinerec rl --config`` reads it (an unknown option or a bad value raises)."""
     import yaml
 
-    from onlinerec.rl.runner import parse_experiment
+    from onlinerec.rl.experiment import parse_experiment
 
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -88,7 +88,7 @@ def test_a_shipped_configs_method_is_the_setting_it_was_measured_as(method, sett
 @pytest.mark.parametrize("method", ["popgym", "long_segments", "cartpole_novel"])
 def test_a_shipped_config_runs_in_the_suite_as_it_ships(method, tmp_path):
     """On its own env and budget the suite changes only where a run writes, evaluates and logs."""
-    from onlinerec.rl.runner import parse_experiment
+    from onlinerec.rl.experiment import parse_experiment
 
     path = suite.CONFIGS / suite.R2AC_METHODS[method]["yaml"]
     shipped = _fields(parse_experiment(["--config", str(path)]))

@@ -15,7 +15,8 @@ from torch import distributions as D
 from onlinerec import RTRLStrategy, SnAPStrategy, TBPTTStrategy
 from onlinerec.rl import R2AC, R2ACConfig, RolloutDataModule, RolloutStream
 from onlinerec.rl.envs import make_vector_env
-from onlinerec.rl.policy import CategoricalHead, GaussianHead, make_head, space_from_spec, space_spec
+from onlinerec.rl.policy import CategoricalHead, GaussianHead, make_head
+from onlinerec.rl.spaces import space_from_spec, space_spec
 
 PENDULUM = "gymnasium:PendulumNoVel-v1"  # rl-zoo's Pendulum with the angular velocity masked (obs [cos, sin, 0])
 
@@ -186,7 +187,9 @@ def test_pendulum_learns_well_above_a_random_policy(tmp_path):
     2): greedy evaluation -206, -298, -597; running return from about -1000 in the first 25,000 steps to -230..-420."""
     from pathlib import Path
 
-    from onlinerec.rl.runner import load_curve, parse_experiment, run_experiment
+    from onlinerec.rl.curves import load_curve
+    from onlinerec.rl.experiment import parse_experiment
+    from onlinerec.rl.runner import run_experiment
 
     config = Path(__file__).resolve().parents[2] / "examples" / "configs" / "pendulum.yaml"
     args = ["--out_dir", str(tmp_path), "--progress", "false", "--tensorboard", "false"]
@@ -206,7 +209,9 @@ def test_pendulum_without_velocity_learns(tmp_path):
     evaluation -1022 +- 440 over 20 episodes; the thresholds leave a margin for a different machine's rounding."""
     from pathlib import Path
 
-    from onlinerec.rl.runner import load_curve, parse_experiment, run_experiment
+    from onlinerec.rl.curves import load_curve
+    from onlinerec.rl.experiment import parse_experiment
+    from onlinerec.rl.runner import run_experiment
 
     config = Path(__file__).resolve().parents[2] / "examples" / "configs" / "pendulum_novel.yaml"
     args = ["--out_dir", str(tmp_path), "--progress", "false", "--tensorboard", "false"]

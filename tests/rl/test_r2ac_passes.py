@@ -182,33 +182,6 @@ def test_every_pass_gradient_is_bptt_over_the_stream_history(epochs, minibatches
             torch.testing.assert_close(got[f"cell.{name}"], value, rtol=1e-9, atol=1e-12, msg=f"step {k}: {name}")
 
 
-@pytest.mark.parametrize("epochs", [1, 2])
-def test_detach_value_gives_the_shared_layers_the_gradient_without_the_value_loss(epochs):
-    """Fixed weights (lr = 0), float64, RTRL across segments: with ``detach_value`` every optimiser step's gradient of
-    the stem, core and policy head equals the one with ``baseline_cost = 0``, and the value head's equals the shared
-    actor-critic's; the shared actor-critic's core gradient differs (the value loss reaches it)."""
-    segments = record(3, torch.float64)
-    common = dict(lr=0.0, grad_clip=0.0, epochs=epochs)
-    runs = {}
-    for name, extra in {
-        "detached": {"detach_value": True},
-        "no_value_loss": {"baseline_cost": 0.0},
-        "shared": {},
-    }.items():
-        runs[name] = Grads()
-        fit(tiny(R2ACConfig(**common, **extra)).double(), segments, callbacks=[runs[name]])
-    assert len(runs["detached"].steps) == 3 * epochs
-    critic = ("value_mlp.", "baseline.")
-    for k, ((_, got), (_, no_value), (_, shared)) in enumerate(
-        zip(runs["detached"].steps, runs["no_value_loss"].steps, runs["shared"].steps)
-    ):
-        for name, value in got.items():
-            want = shared[name] if name.startswith(critic) else no_value[name]
-            torch.testing.assert_close(value, want, rtol=1e-12, atol=1e-15, msg=f"step {k}: {name}")
-        assert any(name.startswith(critic) for name in got)
-        assert any(not torch.allclose(v, shared[n]) for n, v in got.items() if n.startswith(("cell.", "stem.")))
-
-
 def reference_parallel_gradient(model, segments, s, streams):
     """:func:`reference_cell_gradient` for a core of branches side by side (``separate_critic``): full BPTT through
     the streams' whole history with check.reference_run, which steps every branch by its own single-step forward."""
@@ -287,8 +260,6 @@ def test_separate_critic_refuses_what_it_cannot_build():
     with pytest.raises(ValueError, match="pass cell as a name"):
         R2AC(2, (4,), cell=ELSTMCell(6, 6), stem="mlp", fc_size=5,
              separate_critic=True)  # fmt: skip
-    with pytest.raises(ValueError, match="detach_value=True with separate_critic=True"):
-        tiny(R2ACConfig(detach_value=True), separate_critic=True)
 
 
 @pytest.mark.parametrize("minibatches", [2, 4])
@@ -809,7 +780,9 @@ def test_carry_select_copies_the_chosen_streams():
 
 # -- the runner -------------------------------------------------------------------------------------------------------
 def test_runner_takes_the_new_fields_and_counts_optimiser_steps():
-    from onlinerec.rl.runner import ExperimentConfig, build, config_changes, parse_experiment
+    from onlinerec.rl.experiment import ExperimentConfig, parse_experiment
+    from onlinerec.rl.resume import config_changes
+    from onlinerec.rl.runner import build
 
     argv = ["--r2ac.epochs", "2", "--r2ac.minibatches", "2", "--r2ac.reward_norm", "true", "--r2ac.ppo_clip", "0.2"]
     argv += ["--r2ac.loss_reduction", "mean", "--r2ac.advantage_norm", "true"]
@@ -837,6 +810,60 @@ def test_runner_takes_the_new_fields_and_counts_optimiser_steps():
         del stored["r2ac"][name]
     assert config_changes(stored, ExperimentConfig()) == {}
     assert set(config_changes(stored, cfg)) >= {"r2ac.epochs", "r2ac.reward_norm", "num_envs"}
+
+
+REPLACEMENT = (
+    "detach_value was removed: give the value a core of its own with separate_critic: true, or lower baseline_cost"
+)
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["option", "option=", "dashes", "group", "config file", "default config"],
+)
+def test_a_removed_field_is_refused_with_what_replaces_it(how, tmp_path, capsys):
+    """``r2ac.detach_value`` is gone: a command line or a config file that sets it exits naming what replaces it."""
+    from onlinerec.rl.experiment import parse_experiment
+
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("M: 4\nr2ac:\n  lr: 1.0e-3\n  detach_value: true\n")
+    argv, default = {
+        "option": (["--r2ac.detach_value", "true"], None),
+        "option=": (["--M", "4", "--r2ac.detach_value=false"], None),
+        "dashes": (["--r2ac.detach-value", "true"], None),
+        "group": (["--r2ac", "{detach_value: true}"], None),
+        "config file": (["--config", str(yaml_file)], None),
+        "default config": ([], yaml_file),
+    }[how]
+    with pytest.raises(SystemExit) as exit_:
+        parse_experiment(argv, default_config=default)
+    assert exit_.value.code == 2
+    assert REPLACEMENT in capsys.readouterr().err
+    assert parse_experiment(["--M", "4"]).M == 4  # without it, the same parser takes the command line
+
+
+def test_a_removed_field_is_refused_by_the_agent_and_ignored_where_it_was_off():
+    """A model's config dict that sets the removed field is refused with what replaces it; set to false (a
+    checkpoint or a run folder saved while it existed: what R2AC does now) it is dropped, and the run resumes."""
+    import dataclasses
+    import json
+
+    from onlinerec.rl.experiment import ExperimentConfig
+    from onlinerec.rl.r2ac_config import config_from_dict
+    from onlinerec.rl.resume import config_changes
+
+    with pytest.raises(ValueError, match=REPLACEMENT):
+        tiny({"detach_value": True, "lr": 1e-3})
+    with pytest.raises(TypeError):
+        R2ACConfig(detach_value=True)  # the field is gone
+    assert config_from_dict({"detach_value": False, "lr": 1e-3}) == R2ACConfig(lr=1e-3)
+    torch.testing.assert_close(  # the same weights from the same seed: nothing else changed
+        dict(tiny({"detach_value": False}).state_dict()), dict(tiny(R2ACConfig()).state_dict()), rtol=0, atol=0
+    )
+    stored = json.loads(json.dumps(dataclasses.asdict(ExperimentConfig()), default=str))
+    assert config_changes({**stored, "r2ac": {**stored["r2ac"], "detach_value": False}}, ExperimentConfig()) == {}
+    changed = config_changes({**stored, "r2ac": {**stored["r2ac"], "detach_value": True}}, ExperimentConfig())
+    assert changed == {"r2ac.detach_value": (True, None)}
 
 
 # -- DDP ----------------------------------------------------------------------------------------------------------

@@ -281,7 +281,7 @@ def test_truncation_values_are_the_value_of_the_final_observation(cell):
     """bootstrap_truncation: where a time limit cut an episode, the segment holds the agent's value of that episode's
     final observation ([length, episode, 1]), computed from the episode's own history: checked against the learner's
     forward over the whole episode followed by the final observation. Elsewhere it is 0."""
-    from onlinerec.rl.r2ac import R2ACConfig
+    from onlinerec.rl.r2ac_config import R2ACConfig
 
     torch.manual_seed(0)
     model = R2AC(3, (3,), cell=cell, hidden_size=8, stem="mlp", fc_size=6, config=R2ACConfig(bootstrap_truncation=True))
@@ -321,7 +321,7 @@ def test_truncation_values_are_the_value_of_the_final_observation(cell):
 def test_truncation_bootstrap_adds_gamma_times_the_value_to_the_reward():
     """The targets with bootstrap_truncation equal V-trace's on rewards that carry gamma * truncation_value (the
     discount stays 0 at the cut); without the option the field is ignored; off by default (the paper's R2AC)."""
-    from onlinerec.rl.r2ac import R2ACConfig
+    from onlinerec.rl.r2ac_config import R2ACConfig
     from onlinerec.rl.vtrace import vtrace
 
     torch.manual_seed(0)

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from onlinerec.cells import LRUCell, MinGRUCell, Stack, cell_spec
-from onlinerec.rl.runner import RunFolderError, build, parse_experiment, run_experiment
+from onlinerec.rl.experiment import parse_experiment
+from onlinerec.rl.resume import RunFolderError
+from onlinerec.rl.runner import build, run_experiment
 from tests.helpers import TINY_RL
 
 TINY = [*TINY_RL, "--env", "memory:tmaze", "--env_kwargs", '{"length": 3}', "--stem", "mlp", "--eval_episodes", "0"]

@@ -73,9 +73,13 @@ Env ids (``FAMILIES`` maps each family to its maker; unknown ids raise ``ValueEr
   ``num_cues`` actions.
 - ``"factory:<module>.<function>"`` — your own: ``function(num_envs, seed, **kwargs)`` returns any gymnasium vector
   env (any autoreset mode; NEXT_STEP/DISABLED are adapted, an env that cannot be is refused with the fix). A Python
-  callable ``(num_envs, seed) -> VectorEnv`` is accepted wherever an env id is.
+  callable ``(num_envs, seed) -> VectorEnv`` is accepted wherever an env id is. The first time a factory builds
+  more than one stream, a copy of its env is stepped with random actions, and a warning says so if all streams
+  show the same observations (streams that ignore their seed; ``checks.py``).
 - Every family takes ``vector_wrappers=[{class_path, init_args}, ...]``: gymnasium vector wrappers applied to the
-  finished vector env (e.g. ``gymnasium.wrappers.vector.NormalizeObservation``).
+  finished vector env (e.g. ``gymnasium.wrappers.vector.ClipReward``). gymnasium's vector *observation* wrappers
+  refuse SAME_STEP autoreset: transform observations with ``wrappers`` (``gymnasium.wrappers.FlattenObservation``,
+  ``NormalizeObservation``), or, for a factory, inside the factory.
 
 envpool (Atari and ProcGen) was measured against these backends (``benchmarks/env_throughput.py``: ratios 1.01
 and 0.93 on 2 CPUs) and is not offered: no clear gain, and it cannot share an environment with procgen-mirror.
@@ -169,10 +173,32 @@ FAMILIES: dict[str, EnvFamily] = {
 SINGLE_ENV_FAMILIES = frozenset({"gymnasium", "popgym", "minigrid"})
 
 
+_FACTORY_WRAPPERS = (
+    "wrappers= wraps the single gymnasium env of each stream, and {what} builds its streams itself: wrap each stream's "
+    "env inside the factory, e.g. SyncVectorEnv([lambda: gymnasium.wrappers.FlattenObservation(MyEnv()) for _ in "
+    "range(num_envs)]). vector_wrappers= wraps the vector env the factory returns, with gymnasium's vector wrappers "
+    "that take SAME_STEP autoreset (rewards and actions, e.g. gymnasium.wrappers.vector.ClipReward; its vector "
+    "observation wrappers refuse SAME_STEP)."
+)
+
+
 def _make_from_factory(path: str, num_envs: int, seed: int = 0, **kwargs: Any):
     from onlinerec.rl.envs.gymnasium_envs import resolve_callable
 
     return resolve_callable(path)(num_envs, seed, **kwargs)
+
+
+def _check_streams(make: Callable[[], Any], num_envs: int, factory: Any) -> None:
+    """Warn once per factory whose streams all show the same observations (:mod:`onlinerec.rl.envs.checks`)."""
+    from onlinerec.rl.envs.checks import warn_if_streams_identical
+
+    name = factory if isinstance(factory, str) else f"the env factory {getattr(factory, '__qualname__', factory)!s}"
+    key: Any = factory
+    try:
+        hash(key)
+    except TypeError:  # an unhashable callable: checked each time
+        key = object()
+    warn_if_streams_identical(make, num_envs, name, key)
 
 
 def parse_env_id(env_id: str) -> tuple[EnvFamily, str]:
@@ -186,8 +212,12 @@ def parse_env_id(env_id: str) -> tuple[EnvFamily, str]:
     prefix, sep, rest = env_id.partition(":")
     if sep and prefix.lower() in FAMILIES and prefix.lower() != "atari" and rest:
         return FAMILIES[prefix.lower()], rest
+    from onlinerec.rl.envs.names import suggest_env_id
+
     known = "; ".join(f"{f.name}: {f.id_format}" for f in FAMILIES.values())
-    raise ValueError(f"unknown env id {env_id!r}. Known families — {known}")
+    meant = suggest_env_id(env_id)
+    hint = f" (did you mean {meant!r}?)" if meant and meant != env_id else ""
+    raise ValueError(f"unknown env id {env_id!r}{hint}. Known families — {known}")
 
 
 def make_vector_env(env_id: str | Callable[..., Any], num_envs: int, seed: int = 0, **kwargs: Any):
@@ -200,20 +230,28 @@ def make_vector_env(env_id: str | Callable[..., Any], num_envs: int, seed: int =
     if int(num_envs) < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
     vector_wrappers = kwargs.pop("vector_wrappers", None)
+    num_envs, seed = int(num_envs), int(seed)
     if callable(env_id):
         if "wrappers" in kwargs:
-            raise ValueError("wrappers= applies to the built-in single-env families; wrap your factory's envs yourself")
-        env = ensure_contract(env_id(int(num_envs), int(seed), **kwargs), seed=int(seed))
+            raise ValueError(_FACTORY_WRAPPERS.format(what="an env factory"))
+        factory = env_id
+        env = ensure_contract(factory(num_envs, seed, **kwargs), seed=seed)
+        _check_streams(lambda: ensure_contract(factory(num_envs, seed, **kwargs), seed=seed), num_envs, factory)
     else:
         family, name = parse_env_id(env_id)
+        if kwargs.get("wrappers") and family.name == "factory":
+            raise ValueError(_FACTORY_WRAPPERS.format(what=f"factory:{name}"))
         if kwargs.get("wrappers") and family.name not in SINGLE_ENV_FAMILIES:
             raise ValueError(
                 f"wrappers= wraps each stream's single gymnasium env, which the {family.name} family does not build "
                 f"(it is a vector env already); use vector_wrappers=, or a gymnasium:/popgym:/minigrid: id"
             )
-        env = family.make(name, int(num_envs), int(seed), **kwargs)
+        env = family.make(name, num_envs, seed, **kwargs)
         if family.name == "factory":
-            env = ensure_contract(env, seed=int(seed))
+            env = ensure_contract(env, seed=seed)
+            _check_streams(
+                lambda: ensure_contract(family.make(name, num_envs, seed, **kwargs), seed=seed), num_envs, env_id
+            )
     if vector_wrappers:
         from onlinerec.rl.envs.gymnasium_envs import apply_wrappers, check_wrappers
 

@@ -28,6 +28,7 @@ from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from onlinerec.rl.envs.base import EpisodeTracker, MissingBackendError, same_step_metadata, stream_seed
+from onlinerec.rl.envs.names import PROCGEN_GAMES
 
 __all__ = ["PROCGEN_GAMES", "PROCGEN_MODES", "ProcgenVectorEnv", "check_procgen_mode", "make_procgen"]
 
@@ -37,10 +38,6 @@ INSTALL_HINT = (
     "so use a separate virtual environment if other packages need numpy 2)."
 )
 
-PROCGEN_GAMES = (
-    "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
-    "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
-)  # fmt: skip
 
 #: Games that support each distribution mode (measured with procgen-mirror 0.10.7; others abort or assert).
 PROCGEN_MODES: dict[str, frozenset[str]] = {
