@@ -92,22 +92,32 @@ def _scale_rows_(tensors: list[Tensor], rows: Tensor, factor: Tensor) -> None:
         view.index_copy_(0, flat, view.index_select(0, flat).mul_(f.repeat_interleave(p)[:, None]))
 
 
+SMALL_CARRY = 1 << 16
+"""Sensitivities of at most this many numbers in all are decayed where they lie, without a lazy scale: for a few
+streams and units the scale's bookkeeping (its range checks, a block inverse per unit) costs more than the pass over
+the tensors it saves (measured at B = 1, N = 64, D = 128: benchmarks/streaming.py)."""
+
+
 def carry_in_place(
     tracked: list[Tracked],
     lin: Linearization,
     feats: Tensor,
     sens: dict[str, Tensor],
     scale: Tensor | None,
-) -> tuple[dict[str, Tensor], Tensor]:
-    """One step S_1 = jh * S_0 + I_1 written into the donated tensors in one pass (M = 1, one component per unit).
+) -> tuple[dict[str, Tensor], Tensor | None]:
+    """One step S_1 = jh * S_0 + I_1 written into the donated tensors (M = 1).
 
-    The sensitivities are kept lazily scaled (:class:`~onlinerec.gradients.carry.Carry`): S = a * S~ with a
-    per-stream, per-unit factor a (B, N). The decay is then a = jh * a, a multiply of (B, N) numbers, and the update
-    one in-place multiply-add over S~, S~ += (I_1 / a): one read and one write of the sensitivities instead of two of
-    each (decay, then outer product). Rows whose factor leaves [max^(-1/2), max^(1/2)] of the dtype
-    (:func:`_scale_bounds`; a reset makes it 0) are folded into S~ first (an index pass over those rows only). Returns
-    S~ and a. Units of K > 1 components keep a K x K block per unit instead of a (:func:`_carry_blocks_in_place`)."""
+    Large carries are kept lazily scaled (:class:`~onlinerec.gradients.carry.Carry`): S = a * S~ with a per-stream,
+    per-unit factor a (B, N). The decay is then a = jh * a, a multiply of (B, N) numbers, and the update one in-place
+    multiply-add over S~, S~ += (I_1 / a): one read and one write of the sensitivities instead of two of each (decay,
+    then outer product). Rows whose factor leaves [max^(-1/2), max^(1/2)] of the dtype (:func:`_scale_bounds`; a reset
+    makes it 0) are folded into S~ first (an index pass over those rows only). Returns S~ and a. Units of K > 1
+    components keep a K x K block per unit instead of a (:func:`_carry_blocks_in_place`). Carries of at most
+    :data:`SMALL_CARRY` numbers that are not scaled already are decayed directly and stay unscaled (returns S and
+    None)."""
     dtype = next(iter(sens.values())).dtype
+    if scale is None and sum(t.numel() for t in sens.values()) <= SMALL_CARRY:
+        return _carry_directly(tracked, lin, feats, sens, dtype), None
     if lin.jh.dim() == 5:
         return _carry_blocks_in_place(tracked, lin, feats, sens, scale, dtype)
     with torch.autocast(lin.jh.device.type, enabled=False):
@@ -116,18 +126,65 @@ def carry_in_place(
         a = jh[0] if scale is None else jh[0] * scale.to(dtype)  # (B, N)
         a = _fold_out_of_range_(sens, a)
         inv = a.reciprocal()[:, None, :]  # (B, 1, N)
-        sources = {"input": feats.detach().to(dtype)[0], "state": None if c_prev is None else c_prev[0]}
-        derivatives = {"gates": d_gates[0], "mixed": d_gates[0] if d_mixed is None else d_mixed[0]}
-        for tr in tracked:
-            s = sens[tr.name]
-            if tr.kind == "unit":
-                s.addcmul_(d_params[tr.name][0].unsqueeze(-1), inv.unsqueeze(-1))
-            elif tr.kind == "bias":
-                s.addcmul_(derivatives[tr.via].unsqueeze(-1), inv.unsqueeze(-1))
-            else:  # the outer product (dc/dgates / a) x u_1, added in place: the one pass over the big tensor
-                x = sources[tr.source]  # (B, F)
-                s.addcmul_((derivatives[tr.via] * inv).unsqueeze(-1), x[:, None, None, :])
+        _add_immediate(tracked, sens, feats, dtype, d_gates[0], d_params, c_prev, d_mixed, inv)
     return {tr.name: sens[tr.name] for tr in tracked}, a
+
+
+def _carry_directly(
+    tracked: list[Tracked], lin: Linearization, feats: Tensor, sens: dict[str, Tensor], dtype: torch.dtype
+) -> dict[str, Tensor]:
+    """S_1 = J_1 S_0 + I_1 in place, unscaled: each sensitivity decayed by jh (a K x K block per unit for K > 1
+    components), then the immediate part added."""
+    with torch.autocast(lin.jh.device.type, enabled=False):
+        lin.cast_(dtype)
+        jh, d_gates, d_params, c_prev, d_mixed = lin.release()
+        if jh.dim() == 5:  # (1, B, K, K, N): S_k <- sum_j J_kj S_j per unit, through a copy of the old S
+            blocks = jh[0][:, :, :, None, :, None]  # (B, K, K, 1, N, 1)
+            k = blocks.shape[1]
+            for tr in tracked:
+                s = sens[tr.name]
+                old = s.clone()
+                for i in range(k):
+                    s[:, i].mul_(blocks[:, i, i])
+                    for j in range(k):
+                        if j != i:
+                            s[:, i].addcmul_(old[:, j], blocks[:, i, j])
+        else:
+            decay = jh[0][:, None, :, None]  # (B, 1, N, 1)
+            for tr in tracked:
+                sens[tr.name].mul_(decay)
+        _add_immediate(tracked, sens, feats, dtype, d_gates[0], d_params, c_prev, d_mixed, None)
+    return {tr.name: sens[tr.name] for tr in tracked}
+
+
+def _add_immediate(
+    tracked: list[Tracked],
+    sens: dict[str, Tensor],
+    feats: Tensor,
+    dtype: torch.dtype,
+    d_gates: Tensor,
+    d_params: dict[str, Tensor],
+    c_prev: Tensor | None,
+    d_mixed: Tensor | None,
+    inv: Tensor | None,
+) -> None:
+    """S += I_1 / a in place: the step's own derivatives (dc/dgates x its inputs for a dense weight), divided by a lazy
+    scale ``inv`` = 1 / a (B, 1, N), or undivided (None). K > 1 components: dc_k/dgates (B, K, G, N) on the same
+    layout."""
+    sources = {"input": feats.detach().to(dtype)[0], "state": None if c_prev is None else c_prev[0]}
+    derivatives = {"gates": d_gates, "mixed": d_gates if d_mixed is None else d_mixed[0]}
+    for tr in tracked:
+        s = sens[tr.name]
+        if tr.kind == "unit":
+            d = d_params[tr.name][0].unsqueeze(-1)
+            s.add_(d) if inv is None else s.addcmul_(d, inv.unsqueeze(-1))
+        elif tr.kind == "bias":
+            d = derivatives[tr.via].unsqueeze(-1)
+            s.add_(d) if inv is None else s.addcmul_(d, inv.unsqueeze(-1))
+        else:  # the outer product (dc/dgates / a) x u_1, added in place: the one pass over the big tensor
+            x = sources[tr.source]  # (B, F)
+            d = derivatives[tr.via] if inv is None else derivatives[tr.via] * inv
+            s.addcmul_(d.unsqueeze(-1), x.reshape(x.shape[0], *([1] * (d.dim() - 1)), x.shape[-1]))
 
 
 _BLOCK_CONDITION_MAX = 16.0

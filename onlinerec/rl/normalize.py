@@ -65,14 +65,19 @@ class RunningMeanStd(nn.Module):
                 f"samples of shape {self.shape} were expected, got a batch of shape {tuple(samples.shape)}."
             )
         x = samples.detach().to(device=self.mean.device, dtype=torch.float64).reshape(-1, *self.shape)
-        moments = torch.cat([x.new_tensor([float(x.shape[0])]), x.sum(0).reshape(-1), (x * x).sum(0).reshape(-1)])
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            moments = torch.cat([x.new_tensor([float(x.shape[0])]), x.sum(0).reshape(-1), (x * x).sum(0).reshape(-1)])
             dist.all_reduce(moments)  # every rank folds in the same batch: all W processes' samples
-        n, (total, squares) = moments[0], moments[1:].chunk(2)
-        if float(n) == 0:
-            return
-        batch_mean = (total / n).reshape(self.shape)
-        batch_var = (squares / n).reshape(self.shape) - batch_mean**2
+            n, (total, squares) = moments[0], moments[1:].chunk(2)
+            if float(n) == 0:
+                return
+            total, squares = total.reshape(self.shape), squares.reshape(self.shape)
+        else:  # one process: the same arithmetic without packing the moments (a step's few samples, at every step)
+            if x.shape[0] == 0:
+                return
+            n, total, squares = float(x.shape[0]), x.sum(0), (x * x).sum(0)
+        batch_mean = total / n
+        batch_var = squares / n - batch_mean**2
         count = self.count + n
         delta = batch_mean - self.mean
         m2 = self.var * self.count + batch_var.clamp_min(0.0) * n + delta**2 * self.count * n / count

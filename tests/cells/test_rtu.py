@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import onlinerec
+import onlinerec.gradients.inplace as inplace
 from onlinerec import RTRL, TBPTT, NotElementwiseError, RTUCell, SnAP, check_gradients
 from onlinerec.cells import CELLS, Stack, build_cell_spec, cell_spec, make_cell
 from onlinerec.gradients import derivatives, elementwise
@@ -82,15 +83,18 @@ def _run(method, cell, inputs, reset, weights, seg_len, donate):
     return grads, x.grad.clone(), carry
 
 
+@pytest.mark.parametrize("lazy", [True, False], ids=["lazily-scaled", "direct"])
 @pytest.mark.parametrize("method", [RTRL(), SnAP()], ids=["rtrl", "snap"])
 @pytest.mark.parametrize("kwargs", VARIANTS.values(), ids=VARIANTS.keys())
-def test_in_place_online_step_equals_the_functional_one_and_full_bptt(kwargs, method, problem):
+def test_in_place_online_step_equals_the_functional_one_and_full_bptt(kwargs, method, lazy, problem, monkeypatch):
     inputs, reset, _, d, n = problem
+    monkeypatch.setattr(inplace, "SMALL_CARRY", 0 if lazy else 1 << 30)  # a lazy K x K scale, or decayed directly
     cell = make(d, n, **kwargs)
     weights = state_weights(problem, cell)
     kept_grads, kept_x, kept = _run(method, cell, inputs, reset, weights, 1, donate=False)
     donated_grads, donated_x, donated = _run(method, cell, inputs, reset, weights, 1, donate=True)
-    assert kept.scale is None and donated.scale.shape == (inputs.shape[1], 2, 2, n)  # K x K blocks, lazily
+    assert kept.scale is None
+    assert donated.scale.shape == (inputs.shape[1], 2, 2, n) if lazy else donated.scale is None
     for a, b in zip(kept_grads, donated_grads):
         for name in a:
             assert rel_err(b[name], a[name]) <= 1e-12, name

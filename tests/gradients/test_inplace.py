@@ -39,6 +39,13 @@ def run(method, cell, inputs, reset, weights, seg_len, donate):
     return grads, x.grad.clone(), carry
 
 
+@pytest.fixture(autouse=True)
+def lazily_scaled(monkeypatch):
+    """These tests exercise the lazily scaled carry, which small carries skip (inplace.SMALL_CARRY): every carry here
+    is scaled unless a test says otherwise."""
+    monkeypatch.setattr(inplace, "SMALL_CARRY", 0)
+
+
 def assert_same_run(a, b, tol=1e-12):
     (grads_a, x_a, carry_a), (grads_b, x_b, carry_b) = a, b
     assert len(grads_a) == len(grads_b)
@@ -68,6 +75,23 @@ def test_donated_online_step_equals_the_functional_one_and_full_bptt(cls, method
     assert donated[2].scale is not None and kept[2].scale is None  # the donated carry is lazily scaled
     expected, _ = bptt_gradients(cell, inputs, reset, weights)
     total = {k: sum(g[k] for g in donated[0]) for k in expected}  # per-step gradients add up to full BPTT
+    for name in expected:
+        assert rel_err(total[name], expected[name]) <= 1e-10, name
+
+
+@pytest.mark.parametrize("method", [RTRL(), SnAP()], ids=repr)
+@pytest.mark.parametrize("cls", [*K1_CELLS, LRUCell])
+def test_a_small_donated_carry_is_decayed_directly_and_equals_the_lazy_one(cls, method, problem, monkeypatch):
+    """Small carries skip the lazy scale (inplace.SMALL_CARRY): the same gradients and sensitivities, unscaled."""
+    inputs, reset, weights, d, n = problem
+    cell = make(cls, d, n)
+    lazy = run(method, cell, inputs, reset, weights, 1, donate=True)
+    monkeypatch.setattr(inplace, "SMALL_CARRY", 1 << 30)
+    direct = run(method, cell, inputs, reset, weights, 1, donate=True)
+    assert lazy[2].scale is not None and direct[2].scale is None
+    assert_same_run(lazy, direct)
+    expected, _ = bptt_gradients(cell, inputs, reset, weights.unsqueeze(-2) if cell.num_components > 1 else weights)
+    total = {k: sum(g[k] for g in direct[0]) for k in expected}
     for name in expected:
         assert rel_err(total[name], expected[name]) <= 1e-10, name
 

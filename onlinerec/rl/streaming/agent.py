@@ -1,0 +1,169 @@
+"""Stream AC(lambda) with a recurrent core learned by exact RTRL: one update per env step, from that step alone.
+
+Elsayed, Vasan & Mahmood (2024), "Streaming Deep Reinforcement Learning Finally Works" (stream AC(lambda), ObGD,
+sparse initialisation, LayerNorm, running normalisation), with the recurrent core of Farr, Reddi, D'Eramo & Peters
+(2026): the core's share of each step's gradient comes through its carried RTRL sensitivities, so the eligibility
+traces accumulate exact gradients over the whole history (docs/streaming.md derives it). Per env step t:
+
+    x_t = normalise(o_t)                                            observe
+    a_t ~ pi(. | x_1..t);  v_t = V(x_1..t)                          act       (actor and critic: networks of their own)
+    r_t, o_{t+1} from the env
+    delta_t = r_t / sigma_R + gamma (1 - terminated) V(x_1..t+1) - v_t                           learn
+    z_pi <- gamma lambda z_pi + grad [log pi(a_t) + c sign(delta_t) H(pi_t)];  z_V <- gamma lambda z_V + grad v_t
+    theta <- theta + alpha' delta_t z                               (ObGD, per network; traces zeroed at episode ends)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from onlinerec.cells import make_cell
+from onlinerec.gradients import METHODS, GradientMethod, load_carry
+from onlinerec.rl.normalize import ObservationNormalizer, ReturnNormalizer
+from onlinerec.rl.policy import make_head
+from onlinerec.rl.spaces import space_spec
+from onlinerec.rl.streaming.config import StreamACConfig
+from onlinerec.rl.streaming.network import StreamNet
+from onlinerec.rl.streaming.obgd import ObGD
+
+__all__ = ["StreamAC"]
+
+
+class StreamAC(nn.Module):
+    """The streaming actor-critic for one env stream (vector observations; Discrete or Box actions).
+
+    Args:
+        observation_space, action_space: the env's (gymnasium spaces or their ``space_spec``).
+        config: the algorithm's settings.
+        cell: the recurrent core of each network (a name, class path, list of names for a stack, or None for
+            stream-x's feed-forward networks); ``hidden_size``, ``layers``, ``cell_kwargs`` as for
+            :func:`onlinerec.cells.make_cell`.
+        method: "rtrl" (exact, the default) or "tbptt" (one-step truncation: the baseline); SnAP's approximation is
+            refused for element-wise cells, where it is RTRL.
+    """
+
+    def __init__(
+        self,
+        observation_space: Any,
+        action_space: Any,
+        config: StreamACConfig | None = None,
+        *,
+        cell: str | list[str] | None = "rtu",
+        hidden_size: int = 64,
+        layers: int | None = None,
+        cell_kwargs: dict[str, Any] | None = None,
+        method: str | GradientMethod = "rtrl",
+    ) -> None:
+        super().__init__()
+        self.config = config = config or StreamACConfig()
+        obs = space_spec(observation_space)
+        if obs["type"] != "Box":
+            raise ValueError(
+                f"the streaming agent takes vector observations (a Box), got a {obs['type']} space; flatten it with "
+                "gymnasium's FlattenObservation (env_kwargs: {wrappers: [{class_path: "
+                "gymnasium.wrappers.FlattenObservation}]}), or train R2AC (onlinerec rl), whose stems read images and "
+                "dict observations."
+            )
+        self.obs_size = int(math.prod(obs["shape"]))
+        self.method = METHODS.resolve(method)() if isinstance(method, str) else method
+
+        def core():
+            if cell is None:
+                return None
+            kwargs = {**(cell_kwargs or {}), **({"layers": layers} if layers is not None else {})}
+            return make_cell(cell, config.width, hidden_size, **kwargs)
+
+        actor_core, critic_core = core(), core()
+        width = config.width if cell is None else actor_core.output_size
+        self.actor = StreamNet(
+            self.obs_size, config.width, actor_core, make_head(action_space, width, state_dependent_std=True),
+            config.sparsity,
+        )  # fmt: skip
+        self.critic = StreamNet(self.obs_size, config.width, critic_core, nn.Linear(width, 1), config.sparsity)
+        self.obs_norm = ObservationNormalizer((self.obs_size,), clip=0.0) if config.obs_norm else None
+        self.return_norm = ReturnNormalizer() if config.reward_norm else None
+        self.register_buffer("running_return", torch.zeros((), dtype=torch.float64))
+        self.actor_opt = ObGD(self.actor.parameters(), config.lr, config.discount, config.trace_lambda,
+                              config.kappa_policy)  # fmt: skip
+        self.critic_opt = ObGD(self.critic.parameters(), config.lr, config.discount, config.trace_lambda,
+                               config.kappa_value)  # fmt: skip
+        self.carries = {name: self._zero_carry(net) for name, net in self.networks().items()}
+        self._pending: tuple[Tensor, Tensor, Tensor] | None = None
+
+    def networks(self) -> dict[str, StreamNet]:
+        return {"actor": self.actor, "critic": self.critic}
+
+    def _zero_carry(self, net: StreamNet):
+        return None if net.core is None else self.method.init_carry(net.core, 1)
+
+    # -- one env step --------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def observe(self, obs: Any) -> Tensor:
+        """One raw observation as the networks read it, (1, D): folded into the running statistics, then
+        normalised by them (``obs_norm``)."""
+        device = self.running_return.device
+        x = torch.as_tensor(obs, device=device).reshape(1, self.obs_size).float()
+        if self.obs_norm is None:
+            return x
+        self.obs_norm.update(x)
+        return self.obs_norm(x)
+
+    def act(self, x: Tensor, reset: bool) -> Tensor:
+        """Sample an action for observation x (1, D) (``reset``: the first step of an episode) and keep what
+        :meth:`learn` needs. Returns the action as the env takes it, (1, ...)."""
+        flag = torch.tensor([reset], device=x.device)
+        params, self.carries["actor"] = self.actor.step(x, flag, self.carries["actor"], self.method)
+        value, self.carries["critic"] = self.critic.step(x, flag, self.carries["critic"], self.method)
+        head = self.actor.head
+        action = head.sample(params.detach())
+        self._pending = (params, value[:, 0], action)
+        return head.env_actions(action)
+
+    def learn(self, reward: float, x_next: Tensor | None, terminated: bool, done: bool) -> Tensor:
+        """Update from the step :meth:`act` took: its reward, the next observation ``x_next`` (1, D) (the episode's
+        last one if it ended by a time limit; None after a termination), and whether the episode ended (``done``:
+        the traces are zeroed after the update). Returns the TD error."""
+        if self._pending is None:
+            raise RuntimeError("learn() follows act(): call act(x, reset) for this step first.")
+        params, value, action = self._pending
+        self._pending = None
+        cfg, head = self.config, self.actor.head
+        with torch.no_grad():
+            target = torch.as_tensor(self._scaled(reward, terminated), dtype=value.dtype, device=value.device)
+            if not terminated and x_next is not None:
+                target = target + cfg.discount * self.critic.peek(x_next, self.carries["critic"])[0, 0]
+            delta = target - value.detach()[0]
+        objective = head.log_prob(params, action) + cfg.entropy_cost * torch.sign(delta) * head.entropy(params) + value
+        for p in self.parameters():
+            p.grad = None
+        objective.sum().backward()
+        self.actor_opt.step(delta, done)
+        self.critic_opt.step(delta, done)
+        return delta
+
+    @torch.no_grad()
+    def _scaled(self, reward: float, terminated: bool) -> float:
+        """The reward divided by the running std of the discounted return (``reward_norm``; the return is carried
+        through time limits and restarts at terminations)."""
+        if self.return_norm is None:
+            return float(reward)
+        self.running_return.mul_(self.config.discount * (1.0 - float(terminated))).add_(reward)
+        self.return_norm.update(self.running_return)
+        return float(reward) / float(self.return_norm.std)
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------
+    def learner_state(self) -> dict[str, Any]:
+        """What the weights alone do not hold: the traces and the cores' carries (state and sensitivities)."""
+        return {
+            "traces": {"actor": self.actor_opt.state_dict(), "critic": self.critic_opt.state_dict()},
+            "carries": {k: None if c is None else c.state_dict() for k, c in self.carries.items()},
+        }
+
+    def load_learner_state(self, state: dict[str, Any]) -> None:
+        self.actor_opt.load_state_dict(state["traces"]["actor"])
+        self.critic_opt.load_state_dict(state["traces"]["critic"])
+        self.carries = {k: None if c is None else load_carry(c) for k, c in state["carries"].items()}
