@@ -75,15 +75,13 @@ class StreamAC(nn.Module):
             if cell is None:
                 return None
             kwargs = {**(cell_kwargs or {}), **({"layers": layers} if layers is not None else {})}
-            return make_cell(cell, config.width, hidden_size, **kwargs)
+            return make_cell(cell, self.obs_size, hidden_size, **kwargs)
 
-        actor_core, critic_core = core(), core()
-        width = config.width if cell is None else actor_core.output_size
+        width = config.width
         self.actor = StreamNet(
-            self.obs_size, config.width, actor_core, make_head(action_space, width, state_dependent_std=True),
-            config.sparsity,
-        )  # fmt: skip
-        self.critic = StreamNet(self.obs_size, config.width, critic_core, nn.Linear(width, 1), config.sparsity)
+            self.obs_size, width, core(), make_head(action_space, width, state_dependent_std=True), config.sparsity
+        )
+        self.critic = StreamNet(self.obs_size, width, core(), nn.Linear(width, 1), config.sparsity)
         self.obs_norm = ObservationNormalizer((self.obs_size,), clip=0.0) if config.obs_norm else None
         self.return_norm = ReturnNormalizer() if config.reward_norm else None
         self.register_buffer("running_return", torch.zeros((), dtype=torch.float64))
@@ -157,13 +155,31 @@ class StreamAC(nn.Module):
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
     def learner_state(self) -> dict[str, Any]:
-        """What the weights alone do not hold: the traces and the cores' carries (state and sensitivities)."""
-        return {
-            "traces": {"actor": self.actor_opt.state_dict(), "critic": self.critic_opt.state_dict()},
-            "carries": {k: None if c is None else c.state_dict() for k, c in self.carries.items()},
-        }
+        """What the module's ``state_dict`` (weights, normaliser statistics, eligibility traces) does not hold: the
+        cores' carries (state and sensitivities)."""
+        return {"carries": {k: None if c is None else c.state_dict() for k, c in self.carries.items()}}
 
     def load_learner_state(self, state: dict[str, Any]) -> None:
-        self.actor_opt.load_state_dict(state["traces"]["actor"])
-        self.critic_opt.load_state_dict(state["traces"]["critic"])
-        self.carries = {k: None if c is None else load_carry(c) for k, c in state["carries"].items()}
+        self.carries = {k: None if c is None else self._carry_here(c) for k, c in state["carries"].items()}
+
+    def _apply(self, fn, recurse: bool = True):
+        """``.to()``, ``.double()``, ...: the carries (not buffers) follow the parameters' device and dtype."""
+        out = super()._apply(fn, recurse)
+        if "carries" in self.__dict__:
+            self.carries = {k: None if c is None else self._carry_here(c.state_dict()) for k, c in self.carries.items()}
+        return out
+
+    def _carry_here(self, state: dict[str, Any]):
+        """A carry from its ``state_dict`` on the parameters' device, its floating tensors in their dtype."""
+        ref = next(self.actor.parameters())
+
+        def move(value: Any) -> Any:
+            if isinstance(value, Tensor):
+                return value.to(ref.device, ref.dtype if value.is_floating_point() else value.dtype)
+            if isinstance(value, dict):
+                return {k: move(v) for k, v in value.items()}
+            if isinstance(value, (list, tuple)):
+                return type(value)(move(v) for v in value)
+            return value
+
+        return load_carry(move(state))

@@ -25,7 +25,8 @@ class StreamACConfig:
     entropy_cost: float = 0.01
     """Weight of the policy's entropy in its objective, signed by the TD error (stream-x's entropy term)."""
     width: int = 128
-    """Width of the dense layers around the recurrent core (each network: observation -> width -> core -> head)."""
+    """Width of the dense layer between the recurrent core and the head (each network: observation -> core -> width ->
+    head; without a core, stream-x's two layers of this width)."""
     sparsity: float = 0.9
     """Share of each dense layer's input weights set to zero at initialisation (stream-x's sparse initialisation)."""
     obs_norm: bool = True

@@ -1,5 +1,5 @@
 """The streaming actor-critic's networks: stream-x's layers (sparse initialisation, LayerNorm without parameters, leaky
-ReLU) with a recurrent core in place of the second hidden layer, stepped one env step at a time by a gradient method."""
+ReLU) with a recurrent core in place of the first hidden layer, stepped one env step at a time by a gradient method."""
 
 from __future__ import annotations
 
@@ -30,49 +30,48 @@ def sparse_init_(weight: Tensor, sparsity: float) -> Tensor:
 
 
 class StreamNet(nn.Module):
-    """observation -> Linear -> LayerNorm -> leaky ReLU -> core -> LayerNorm -> head, one step of B streams at a time.
+    """observation -> core -> Linear -> LayerNorm -> leaky ReLU -> head, one step of B streams at a time.
 
-    ``core=None`` is stream-x's feed-forward network (a second Linear -> LayerNorm -> leaky ReLU where the core would
-    be). The LayerNorms have no parameters, as in stream-x; the dense layers and the head's linear layers get the
-    sparse initialisation, the core keeps its own (its gates' biases set its memory at the start).
+    The core reads the (normalised) observation itself, so that every parameter below the head's layers is the
+    core's: its exact RTRL gradient is then the whole network's (a dense layer below the core would get only its
+    one-step gradient). ``core=None`` is stream-x's feed-forward network: Linear -> LayerNorm -> leaky ReLU in the
+    core's place. The LayerNorms have no parameters, as in stream-x; the dense layers and the head's linear layers get
+    the sparse initialisation, the core keeps its own (its eigenvalues or gate biases set its memory at the start).
     """
 
     def __init__(self, obs_size: int, width: int, core: ElementwiseCell | None, head: nn.Module, sparsity: float):
         super().__init__()
         self.width = width
-        self.encoder = nn.Linear(obs_size, width)
         self.core = core
-        self.hidden = nn.Linear(width, width) if core is None else None
+        self.encoder = nn.Linear(obs_size, width) if core is None else None
+        self.hidden = nn.Linear(width if core is None else core.output_size, width)
         self.head = head
         for layer in [self.encoder, self.hidden, *head.modules()]:
             if isinstance(layer, nn.Linear):
                 sparse_init_(layer.weight, sparsity)
                 nn.init.zeros_(layer.bias)
 
-    def features(self, obs: Tensor) -> Tensor:
-        """The encoder's output for observations (B, D): (B, width)."""
-        return F.leaky_relu(F.layer_norm(self.encoder(obs), (self.width,)))
-
     def top(self, h: Tensor) -> Tensor:
-        """The head's input from the core's output (or the encoder's, without a core)."""
-        if self.hidden is not None:
-            return F.leaky_relu(F.layer_norm(self.hidden(h), (self.width,)))
-        return F.layer_norm(h, h.shape[-1:])
+        """The head's output from the core's output (without a core, the first layer's)."""
+        return self.head(_dense(self.hidden, h, self.width))
 
     def step(self, obs: Tensor, reset: Tensor, carry: Carry | StackCarry | None, method: GradientMethod):
-        """One step: obs (B, D), reset (B,) bool -> the head's output and the core's new carry. The core's part of the
-        gradient comes from ``method`` (RTRL: exact, through the carried sensitivities; TBPTT: this step only)."""
-        u = self.features(obs)
+        """One step: obs (B, D), reset (B,) bool -> the head's output and the core's new carry. The core's gradient
+        comes from ``method`` (RTRL: exact, through the carried sensitivities; TBPTT: this step only)."""
         if self.core is None:
-            return self.head(self.top(u)), carry
-        states, carry = method.unroll(self.core, u.unsqueeze(0), reset.unsqueeze(0), carry, donate=True)
-        return self.head(self.top(_output(self.core, states[0], u))), carry
+            return self.top(_dense(self.encoder, obs, self.width)), carry
+        states, carry = method.unroll(self.core, obs.unsqueeze(0), reset.unsqueeze(0), carry, donate=True)
+        return self.top(_output(self.core, states[0], obs)), carry
 
     @torch.no_grad()
     def peek(self, obs: Tensor, carry: Carry | StackCarry | None) -> Tensor:
         """The head's output one step on from ``carry`` without moving it and without a graph (a TD target)."""
         keep = torch.zeros(obs.shape[0], dtype=torch.bool, device=obs.device)
         return self.step(obs, keep, None if carry is None else carry.state_only(), TBPTT())[0]
+
+
+def _dense(layer: nn.Linear, x: Tensor, width: int) -> Tensor:
+    return F.leaky_relu(F.layer_norm(layer(x), (width,)))
 
 
 def _output(core: ElementwiseCell, state: Tensor, u: Tensor) -> Tensor:

@@ -21,9 +21,10 @@ import torch
 from torch import Tensor, nn
 
 
-class ObGD:
+class ObGD(nn.Module):
     """ObGD over ``params`` with its own traces (one instance per network: the actor's and the critic's have their own
-    kappa).
+    kappa). The traces are buffers, so they follow the module's device and dtype and its ``state_dict``; the parameters
+    are only referenced (their module owns them).
 
     Args:
         params: the parameters it moves (their ``.grad`` holds this step's gradient of the objective, to ascend).
@@ -34,30 +35,34 @@ class ObGD:
     """
 
     def __init__(self, params: Iterable[nn.Parameter], lr: float, gamma: float, lam: float, kappa: float) -> None:
+        super().__init__()
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("ObGD needs at least one parameter that requires grad.")
         self.lr, self.decay, self.kappa = float(lr), float(gamma) * float(lam), float(kappa)
-        self.traces = [torch.zeros_like(p) for p in self.params]
+        for i, p in enumerate(self.params):
+            self.register_buffer(f"trace_{i}", torch.zeros_like(p))
+
+    @property
+    def traces(self) -> list[Tensor]:
+        """z, one per parameter, in the order of ``params``."""
+        return [getattr(self, f"trace_{i}") for i in range(len(self.params))]
 
     @torch.no_grad()
     def step(self, delta: Tensor, reset: bool) -> Tensor:
         """Add this step's gradients to the traces and move along them by ``delta`` (a 0-d tensor); zero the traces
         if ``reset`` (the episode ended). Returns the step size used, as a 0-d tensor (no host synchronisation)."""
+        traces = self.traces
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        torch._foreach_mul_(self.traces, self.decay)
-        torch._foreach_add_(self.traces, grads)
-        norm = torch.stack(torch._foreach_norm(self.traces, 1)).sum()
+        torch._foreach_mul_(traces, self.decay)
+        torch._foreach_add_(traces, grads)
+        norm = torch.stack(torch._foreach_norm(traces, 1)).sum()
         bound = self.lr * self.kappa * delta.abs().clamp_min(1.0) * norm
         step = self.lr / bound.clamp_min(1.0)
-        torch._foreach_add_(self.params, torch._foreach_mul(self.traces, step * delta))
+        torch._foreach_add_(self.params, torch._foreach_mul(traces, step * delta))
         if reset:
-            torch._foreach_zero_(self.traces)
+            torch._foreach_zero_(traces)
         return step
 
-    def state_dict(self) -> dict[str, list[Tensor]]:
-        return {"traces": [z.clone() for z in self.traces]}
-
-    def load_state_dict(self, state: dict[str, list[Tensor]]) -> None:
-        for z, saved in zip(self.traces, state["traces"], strict=True):
-            z.copy_(saved)
+    def extra_repr(self) -> str:
+        return f"lr={self.lr}, decay={self.decay}, kappa={self.kappa}, parameters={len(self.params)}"
