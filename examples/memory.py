@@ -6,10 +6,12 @@
     python examples/memory.py --env popgym:RepeatFirstEasy --env_kwargs '{}'    # an installable POPGym task
     python examples/memory.py --env MiniGrid-MemoryS7-v0 --env_kwargs '{}' --stem nature
 
-The built-in passive T-maze ("memory:tmaze") shows a cue only at the first step of a trial and rewards the
-matching choice ``length`` steps later. With ``length`` > M + 1 the cue and the reward never share a TBPTT
-window, so TBPTT(M) stays at chance (0.5 with two cues) while RTRL(M) can learn it. POPGym and MiniGrid need
-``pip install 'onlinerec[memory]'``. The same as ``onlinerec rl --config examples/configs/memory_tmaze.yaml``.
+The built-in passive T-maze ("memory:tmaze") shows a cue only at the first step of a trial and rewards the matching
+choice ``length`` steps later. With ``length`` > M + 1 the cue and the reward never share a TBPTT window, so TBPTT(M)
+stays at chance (0.5 with two cues, the dashed line of learning_curve.png) while RTRL(M) learns it: the default run,
+300,000 frames, takes about 2 CPU-minutes. Needs gymnasium, and POPGym and MiniGrid for their envs:
+``pip install 'onlinerec[memory]'`` installs all three. The same as
+``onlinerec rl --config examples/configs/memory_tmaze.yaml``.
 """
 
 from __future__ import annotations

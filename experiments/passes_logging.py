@@ -18,7 +18,7 @@ Usage::
     python experiments/passes_logging.py --steps 4096 --reps 1    # a quick look
     python experiments/passes_logging.py --quick        # smoke run: 512 steps, 1 repetition
 
-Needs popgym: ``pip install -e ".[suite]"``. One torch thread (the config's ``threads: 1``).
+Needs popgym: ``pip install -e ".[memory]"``. One torch thread (the config's ``threads: 1``).
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ overrides, and ``--help`` listing every option with its docstring.
 
 - ``onlinerec demo [options]``: :mod:`onlinerec.tasks.demo` (:class:`~onlinerec.tasks.demo.DemoConfig`).
 - ``onlinerec rl --config file.yaml [options]``: one R2AC experiment (:class:`~onlinerec.rl.experiment.ExperimentConfig`).
+- ``onlinerec stream --config file.yaml [options]``: one run of the streaming actor-critic
+  (:class:`~onlinerec.rl.streaming.experiment.StreamExperiment`).
 - ``onlinerec fit|validate|test|predict --config file.yaml``: a :class:`~lightning.pytorch.cli.LightningCLI` over any
   LightningModule and LightningDataModule named by ``class_path`` (``onlinerec fit --config examples/copy_task.yaml``);
   the trainer's strategy may be ``rtrl`` / ``tbptt`` / ``snap`` or ``class_path: onlinerec.RTRLStrategy`` with
@@ -23,12 +25,15 @@ if TYPE_CHECKING:
 USAGE = """\
 usage: onlinerec demo [--quick] [--seeds K] [--M M] [--delay STEPS] [--steps N] [--out_dir DIR] ...
        onlinerec rl --config CONFIG.yaml [--method rtrl|tbptt|snap] [--M M] [--r2ac.lr LR] ...
+       onlinerec stream --config CONFIG.yaml [--method rtrl|tbptt] [--cell CELL] [--stream.lr LR] ...
        onlinerec {fit,validate,test,predict} --config CONFIG.yaml [--trainer.* ...] [--model.* ...] [--data.* ...]
 
   demo      train an eLSTM with exact RTRL and with truncated BPTT (same M) on a built-in delayed-recall
             task on CPU, and compare them (`onlinerec demo --help` lists its options)
   rl        train R2AC (the real-time recurrent actor-critic) on an env from a YAML config
             (`onlinerec rl --help`; example: `onlinerec rl --config examples/configs/memory_tmaze.yaml`)
+  stream    train the streaming actor-critic (an update at every env step, exact RTRL) on an env from a YAML
+            config (`onlinerec stream --help`; example: `onlinerec stream --config examples/configs/stream_memory.yaml`)
   fit, validate, test, predict
             Lightning's command line (LightningCLI) for any onlinerec model and data module
             (`onlinerec fit --help`; example: `onlinerec fit --config examples/copy_task.yaml`)
@@ -94,6 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from onlinerec.rl.runner import main as rl_main
 
         return rl_main(rest)
+    if command == "stream":
+        from onlinerec.rl.streaming.runner import main as stream_main
+
+        return stream_main(rest)
     args = strategy_by_class_path(args)
     if argv is None:  # LightningCLI reads sys.argv itself (and DDP's launcher re-runs it): rewrite it in place
         sys.argv[1:] = args

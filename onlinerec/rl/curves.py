@@ -1,13 +1,18 @@
 """Learning curves: a run's logged metric against env frames (:func:`load_curve`), and runs plotted together
-(:func:`plot_learning_curves`), from the CSV logs every ``onlinerec rl`` run writes.
+(:func:`plot_learning_curves`), from the CSV logs every ``onlinerec rl`` run writes; with the random policy's return
+where it is known (:func:`random_policy_return`) and a mark where a resumed run changed its settings
+(:func:`setting_changes`, from ``config_changes.json``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-__all__ = ["load_curve", "plot_learning_curves"]
+__all__ = ["load_curve", "plot_learning_curves", "random_policy_return", "setting_changes"]
 
 
 def load_curve(run_dir: str | Path, metric: str = "return") -> tuple[list[float], list[float]]:
@@ -32,8 +37,12 @@ def plot_learning_curves(
     title: str = "",
     metric: str = "return",
     baseline: float | None = None,
+    baseline_label: str = "random policy",
+    marks: Sequence[tuple[float, str]] = (),
 ) -> Path:
-    """One curve per label (mean over its runs, with min-max band when there are several) of ``metric`` vs frames."""
+    """One curve per label (mean over its runs, with min-max band when there are several) of ``metric`` vs frames;
+    ``baseline`` a dashed horizontal line, and each of ``marks`` (frames, text) a dotted vertical line with its text
+    (where a run's settings changed: :func:`setting_changes`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -57,7 +66,12 @@ def plot_learning_curves(
         plt.close(fig)
         raise ValueError("no run has logged episode returns yet")
     if baseline is not None:
-        ax.axhline(baseline, color="gray", linestyle="--", label="random policy")
+        ax.axhline(baseline, color="gray", linestyle="--", label=baseline_label)
+    for frames, text in marks:
+        ax.axvline(frames, color="black", linestyle=":", linewidth=1)
+        ax.text(
+            frames, 0.98, f" {text}", transform=ax.get_xaxis_transform(), rotation=90, va="top", ha="right", fontsize=8
+        )
     ax.set_xlabel("env frames")
     ax.set_ylabel(f"mean episode {metric}")
     ax.set_title(title)
@@ -69,3 +83,30 @@ def plot_learning_curves(
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def setting_changes(run_dir: str | Path) -> list[tuple[float | None, dict[str, tuple[Any, Any]]]]:
+    """Where a run resumed with other settings (``--allow_config_change``): (env frames at the change, or None where
+    the run's ``config_changes.json`` did not record them, ``{setting: (was, now)}``), in order."""
+    path = Path(run_dir) / "config_changes.json"
+    if not path.exists():
+        return []
+    out = []
+    for entry in json.loads(path.read_text()):
+        changes = entry.get("changes", entry) if isinstance(entry, Mapping) else {}
+        frames = entry.get("frames") if "changes" in entry else None
+        out.append((frames, {k: (v.get("was"), v.get("now")) for k, v in changes.items()}))
+    return out
+
+
+def random_policy_return(env: str, env_kwargs: Mapping[str, Any] | None = None) -> float | None:
+    """The mean episode return of uniformly random actions where it is known exactly, else None. The built-in T-maze
+    (``memory:tmaze``): ``trials * (1 + (num_cues - 1) * wrong_reward) / num_cues``, chance (1 / num_cues) by default."""
+    if str(env).lower() != "memory:tmaze":
+        return None
+    from onlinerec.rl.envs.memory import TMazeVectorEnv
+
+    defaults = {k: p.default for k, p in inspect.signature(TMazeVectorEnv).parameters.items()}
+    kw = {**defaults, **(env_kwargs or {})}
+    cues = int(kw["num_cues"])
+    return int(kw["trials"]) * (1 + (cues - 1) * float(kw["wrong_reward"])) / cues

@@ -8,18 +8,26 @@ A YAML file sets any field (``onlinerec rl --config examples/configs/memory_tmaz
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from onlinerec.gradients import METHODS
 from onlinerec.rl.r2ac_config import REMOVED_FIELDS, R2ACConfig, removed_field_error
 
-__all__ = ["DESCRIPTION", "ConfigError", "ExperimentConfig", "parse_experiment", "removed_options"]
+__all__ = [
+    "DESCRIPTION",
+    "ConfigError",
+    "ExperimentConfig",
+    "check_core_options",
+    "parse_experiment",
+    "removed_options",
+]
 
 DESCRIPTION = """``onlinerec rl``: one R2AC experiment from a typed config: the Lightning run (rich progress, CSV/TensorBoard logs,
 checkpoints, resume), greedy evaluation and learning curves.
@@ -137,7 +145,8 @@ class ExperimentConfig:
     experiment (config.json: only budgets and reporting may change). False refuses a folder that already holds a run,
     rather than overwriting it."""
     allow_config_change: bool = False
-    """Resume even though settings that define the experiment changed (recorded in config_changes.json)."""
+    """Resume even though settings that define the experiment changed (recorded in config_changes.json with the frames
+    they took effect at; learning_curve.png marks each change)."""
     log_every: int = 10
     """Log metrics every this many segments."""
     async_actor: bool = False
@@ -148,7 +157,8 @@ class ExperimentConfig:
     """torch.set_num_threads (None: the strategy's "auto": 1 thread on machines with at most 4 cores, else torch's
     default)."""
     progress: bool = True
-    """Rich progress bar (frames/s, mean return)."""
+    """Show progress: a rich bar on a terminal; where stdout is not one (a log file, a background job), a plain line
+    every 10 seconds with frames, frames/s, the mean return and the elapsed time."""
     tensorboard: bool = True
     """Also log to TensorBoard (if installed)."""
     loggers: list[Any] = field(default_factory=list)
@@ -196,9 +206,11 @@ class ExperimentConfig:
                 none = f" (or null: {MAY_BE_NONE[name]})" if name in MAY_BE_NONE else ""
                 raise ValueError(f"--{name} must be an int >= {least}{none}, got {value!r}: {meaning}.")
         frames = self.total_frames
-        if isinstance(frames, bool) or not isinstance(frames, (int, float)) or not 0 < frames < math.inf:
+        if isinstance(frames, bool) or not isinstance(frames, (int, float)):
+            raise ValueError(f"--total_frames must be a number (env frames, e.g. 3e5), got {frames!r}.")
+        if not 0 < frames < math.inf:
             raise ValueError(
-                f"--total_frames must be a number > 0 (the training budget in env frames, e.g. 3e5), got {frames!r}."
+                f"--total_frames must be a number > 0 (the training budget in env frames, e.g. 3e5), got {frames:g}."
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
             raise ValueError(f"seed must be an int from 0 to 2**32 - 1 (numpy's seed range), got {self.seed!r}.")
@@ -269,9 +281,73 @@ def parse_experiment(
     if removed:
         print(f"{prog}: error: " + " ".join(removed_field_error(name) for name in removed), file=sys.stderr)
         raise SystemExit(2)
-    return parse_config(
+    cfg = parse_config(
         ExperimentConfig, args, prog=prog, description=description or DESCRIPTION, default_config=default_config
     )
+    if cfg.cell is None:
+        check_core_options(cfg, args, default_config, prog)
+    return cfg
+
+
+def check_core_options(cfg: Any, args: Sequence[str], default_config: str | Path | None, prog: str) -> None:
+    """The feed-forward baseline (no recurrent core) ignores :data:`CORE_ONLY`: refuse those set on the command line;
+    warn once about those a YAML file sets (a shipped config run with ``--cell none`` stays the baseline). ``cfg`` is
+    any run's config dataclass with those fields (``onlinerec rl``'s and ``onlinerec stream``'s)."""
+    import yaml
+
+    defaults = type(cfg).__dataclass_fields__
+    unused = {}
+    for name in CORE_ONLY:
+        value, field_ = getattr(cfg, name), defaults[name]
+        default = field_.default_factory() if field_.default_factory is not MISSING else field_.default
+        if value != default:
+            unused[name] = value
+    if not unused:
+        return
+    given = [name for name in unused if name in _option_names(args)]
+    if given:
+        listed = " ".join(f"--{name} {_shown(unused[name])}" for name in given)
+        print(
+            f"{prog}: error: --cell none trains the feed-forward baseline, which has no recurrent core, so {listed} "
+            f"would be ignored: leave {'it' if len(given) == 1 else 'them'} out, or give the core a cell "
+            "(--cell elstm).",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    files = [p for p in _config_files(args, default_config) if _yaml_keys(p, yaml) & set(unused)]
+    listed = " and ".join(f"{name}: {_shown(value)}" for name, value in unused.items())
+    print(
+        f"warning: the feed-forward baseline (--cell none) has no recurrent core: it ignores {listed}"
+        + (f" from {' and '.join(files)}." if files else "."),
+        file=sys.stderr,
+    )
+
+
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _option_names(args: Sequence[str]) -> set[str]:
+    """The fields that command-line ``args`` set (``--cell_kwargs.x`` sets ``cell_kwargs``)."""
+    return {a[2:].partition("=")[0].replace("-", "_").split(".")[0] for a in args if a.startswith("--")}
+
+
+def _config_files(args: Sequence[str], default_config: str | Path | None) -> list[str]:
+    """``default_config`` and every ``--config`` file, in the order they apply."""
+    files = [str(default_config)] if default_config else []
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name == "--config":
+            files.append(value if eq else (args[i + 1] if i + 1 < len(args) else ""))
+    return files
+
+
+def _yaml_keys(path: str, yaml: Any) -> set[str]:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return set()
+    return set(data) if isinstance(data, Mapping) else set()
 
 
 def removed_options(args: Sequence[str], default_config: str | Path | None = None) -> list[str]:
@@ -280,20 +356,17 @@ def removed_options(args: Sequence[str], default_config: str | Path | None = Non
     import yaml
 
     found: list[str] = []
-    files = [str(default_config)] if default_config else []
     for i, arg in enumerate(args):
         if not arg.startswith("--"):
             continue
         name, eq, value = arg[2:].partition("=")
         name = name.replace("-", "_")
         value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-        if name == "config":
-            files.append(value)
-        elif name.startswith("r2ac.") and name[len("r2ac.") :] in REMOVED_FIELDS:
+        if name.startswith("r2ac.") and name[len("r2ac.") :] in REMOVED_FIELDS:
             found.append(name[len("r2ac.") :])
         elif name == "r2ac":  # the whole group as a YAML mapping: --r2ac '{lr: 1e-3}'
             found += _removed_in({"r2ac": _yaml(value, yaml)})
-    for path in files:
+    for path in _config_files(args, default_config):
         try:
             found += _removed_in(yaml.safe_load(Path(path).read_text()))
         except (OSError, yaml.YAMLError):

@@ -3,7 +3,8 @@
 A run folder holds one experiment. :func:`resume_point` finds its ``checkpoints/last.ckpt`` and refuses a folder whose
 ``config.json`` differs from the new config in a setting that defines the experiment (:func:`config_changes`; only the
 budget and the reporting may change, :data:`RESUMABLE_CHANGES`), unless ``allow_config_change`` is set and the network
-is the same; the changes allowed are recorded in ``config_changes.json``.
+is the same; the changes allowed are recorded in ``config_changes.json``, each with the env frames it took effect at
+(``[{"frames": 48, "changes": {"M": {"was": 4, "now": 2}}}]``), which the learning curve marks.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from onlinerec.rl.curves import load_curve
 from onlinerec.rl.experiment import ExperimentConfig
 from onlinerec.rl.r2ac_config import REMOVED_FIELDS
 
@@ -89,9 +91,20 @@ def _cli_value(value: Any) -> str:
     return value if isinstance(value, str) else shlex.quote(json.dumps(value))
 
 
+def _frames_at(checkpoint: Path, out: Path) -> int | None:
+    """The env frames a checkpoint was saved at (where the learning curve marks a change of settings)."""
+    from onlinerec.training.checkpoint import peek_checkpoint
+
+    try:
+        return int(peek_checkpoint(checkpoint)["RolloutDataModule"]["frames"])
+    except Exception:  # an older checkpoint's layout, or none readable: the last logged count instead
+        frames = load_curve(out, "frames")[1]
+        return int(max(frames)) if frames else None
+
+
 def resume_point(cfg: ExperimentConfig, out: Path) -> Path | None:
     """The checkpoint to resume from (None: start fresh), after refusing what would mix or overwrite experiments."""
-    from onlinerec.training.checkpoint import verify_checkpoint_file
+    from onlinerec.training.checkpoint import CorruptCheckpointError, verify_checkpoint_file
 
     last = out / "checkpoints" / "last.ckpt"
     if not last.exists():
@@ -101,7 +114,18 @@ def resume_point(cfg: ExperimentConfig, out: Path) -> Path | None:
             f"{out} already holds a run ({last.relative_to(out)}); --resume false would train from scratch and overwrite "
             "its results. Choose another --out_dir, or delete that folder to start this run again."
         )
-    verify_checkpoint_file(last)
+    try:
+        verify_checkpoint_file(last)
+    except CorruptCheckpointError as err:
+        what = str(err).split(". It cannot be resumed from", 1)[0]  # the file and what is wrong with it
+        aside, k = out.with_name(f"{out.name}-damaged"), 1
+        while aside.exists():  # a free name, so that mv renames the folder rather than moving it into another
+            k += 1
+            aside = out.with_name(f"{out.name}-damaged-{k}")
+        raise CorruptCheckpointError(
+            f"{what}: this run cannot be resumed from it. To start it over, move its folder aside and run the same "
+            f"command again (mv {shlex.quote(str(out))} {shlex.quote(str(aside))}), or give the run a new --out_dir."
+        ) from None
     stored = out / "config.json"
     if stored.exists():
         changes = config_changes(json.loads(stored.read_text()), cfg)
@@ -125,6 +149,8 @@ def resume_point(cfg: ExperimentConfig, out: Path) -> Path | None:
         if changes:
             log = out / "config_changes.json"
             history = json.loads(log.read_text()) if log.exists() else []
-            history.append({k: {"was": a, "now": b} for k, (a, b) in changes.items()})
+            history.append(
+                {"frames": _frames_at(last, out), "changes": {k: {"was": a, "now": b} for k, (a, b) in changes.items()}}
+            )
             log.write_text(json.dumps(history, indent=2, default=str))
     return last

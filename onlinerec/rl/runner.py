@@ -17,12 +17,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from onlinerec.rl.curves import plot_learning_curves
+from onlinerec.rl.curves import plot_learning_curves, random_policy_return, setting_changes
 from onlinerec.rl.experiment import ConfigError, ExperimentConfig, parse_experiment
 from onlinerec.rl.r2ac_config import R2ACConfig
 from onlinerec.rl.resume import RunFolderError, resume_point
 
-__all__ = ["build", "load_stem", "main", "make_logger", "run_experiment"]
+__all__ = ["build", "load_stem", "main", "make_logger", "missing_gymnasium", "plot_learning_curve", "run_experiment"]
 
 
 def _strategy(cfg: ExperimentConfig):
@@ -90,6 +90,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
     from onlinerec.rl.envs import make_vector_env, run_env_seed
+    from onlinerec.rl.monitor import ProgressLinesCallback
     from onlinerec.training import StepProgressBar
 
     if cfg.threads:
@@ -120,8 +121,11 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
             every_n_train_steps=cfg.checkpoint_every * cfg.r2ac.passes,  # global_step counts optimiser steps
         )
     ]
-    if cfg.progress:
+    bar = cfg.progress and sys.stdout.isatty()  # a live bar on a terminal; plain lines in a log file
+    if bar:
         callbacks.append(StepProgressBar(f"R2AC {cfg.method}(M={cfg.M}) segments", leave=True))
+    elif cfg.progress:
+        callbacks.append(ProgressLinesCallback(total_frames=cfg.total_frames))
     trainer = L.Trainer(
         strategy=strategy,
         accelerator=cfg.accelerator,
@@ -131,7 +135,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
         logger=loggers,
         callbacks=callbacks,
         log_every_n_steps=cfg.log_every,
-        enable_progress_bar=cfg.progress,
+        enable_progress_bar=bar,
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
@@ -161,7 +165,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
             env.close()
     (out / "eval.json").write_text(json.dumps(result, indent=2))
     try:
-        plot_learning_curves({cfg.method: [out]}, out / "learning_curve.png", title=f"R2AC on {cfg.env}")
+        plot_learning_curve(cfg, out)
         written = "logs, checkpoints and learning_curve.png"
     except ValueError:  # no return logged yet (no episode finished, or fewer segments than log_every): nothing to plot
         written = (
@@ -181,6 +185,27 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
             )
     print(summary, f"\n{written} in {out}", flush=True)
     return result
+
+
+def plot_learning_curve(cfg: ExperimentConfig, out: Path) -> Path:
+    """``learning_curve.png`` of the run in ``out``: its mean return against env frames, the random policy's return
+    where it is known (chance on the T-maze), and a dotted line, with the change, where a resume changed the
+    settings (``--allow_config_change``); the label names every method the run trained with."""
+    changes = setting_changes(out)
+    methods = [cfg.method]
+    if any("method" in c for _, c in changes):
+        methods = [next(c["method"][0] for _, c in changes if "method" in c)]
+        methods += [c["method"][1] for _, c in changes if "method" in c]
+    marks = [(f, ", ".join(f"{k}: {a} → {b}" for k, (a, b) in c.items())) for f, c in changes if f is not None]
+    chance = random_policy_return(cfg.env, cfg.env_kwargs)
+    return plot_learning_curves(
+        {" → ".join(methods): [out]},
+        out / "learning_curve.png",
+        title=f"R2AC on {cfg.env}",
+        baseline=chance,
+        baseline_label=f"chance: random policy ({chance:.3g})" if chance is not None else "",
+        marks=marks,
+    )
 
 
 def _eval_env_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -234,6 +259,26 @@ def make_logger(spec: Any, save_dir: str | Path) -> Any:
     return cls(**init_args)
 
 
+EXTRAS = {
+    "ALE/": ("atari", "Atari: gymnasium and ale-py"),
+    "procgen:": ("procgen", "ProcGen: gymnasium and procgen-mirror"),
+    "dmlab:": ("dmlab", "gymnasium; DeepMind Lab itself is built from source, see examples/dmlab.py"),
+}
+"""The extra that installs gymnasium with an env id's backend, by the id's start; any other id: ``memory``."""
+
+
+def missing_gymnasium(env: Any) -> str:
+    """What to install when gymnasium is missing, for the env id ``env``."""
+    extra, what = next(
+        (v for k, v in EXTRAS.items() if str(env).startswith(k)),
+        ("memory", "gymnasium, POPGym and MiniGrid: the built-in T-maze, popgym:, MiniGrid and gymnasium ids"),
+    )
+    return (
+        f"{env} needs gymnasium, which is not installed (`pip install -e .` installs no env backend): "
+        f"pip install 'onlinerec[{extra}]' ({what})."
+    )
+
+
 def main(
     argv: Sequence[str] | None = None,
     default_config: str | Path | None = None,
@@ -242,10 +287,15 @@ def main(
 ) -> int:
     """``onlinerec rl``: parse (see :func:`onlinerec.config.parse_config`), run, and turn a missing env backend into a
     clear error. The examples call it with their YAML as ``default_config``."""
+    cfg = parse_experiment(argv, default_config, description, prog)
+    try:
+        import gymnasium  # noqa: F401  (every env family runs on it; `pip install -e .` leaves it out)
+    except ModuleNotFoundError:
+        print(f"{prog}: error: {missing_gymnasium(cfg.env)}", file=sys.stderr)
+        return 2
     from onlinerec.rl.envs import MissingBackendError
     from onlinerec.training.checkpoint import CorruptCheckpointError
 
-    cfg = parse_experiment(argv, default_config, description, prog)
     try:
         run_experiment(cfg)
     except MissingBackendError as err:

@@ -39,10 +39,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from onlinerec.cells import CELLS, FullyRecurrentCell
+from onlinerec.cells import CELLS, make_cell
 from onlinerec.data.delayed_recall import DelayedRecallDataModule
 from onlinerec.gradients import METHODS
 from onlinerec.tasks.classifier import SequenceClassifier
+from onlinerec.training.cell_methods import method_refusal
 from onlinerec.training.strategies import make_strategy
 
 COMPARED = ("rtrl", "tbptt")
@@ -140,12 +141,13 @@ class DemoConfig:
             raise ValueError(f"--methods names a method twice: {self.methods}.")
         for method in self.methods:
             METHODS.resolve(method)  # an unknown name fails here, listing the choices
-        cls = CELLS.resolve(self.cell)  # likewise for the cell
-        if issubclass(cls, FullyRecurrentCell) and "rtrl" in [m.lower() for m in self.methods]:
-            raise ValueError(
-                f"{cls.__name__} ({self.cell!r}) is fully recurrent (its gates read every unit), so exact RTRL refuses "
-                "it; compare the methods that train it: --methods '[snap, tbptt]'."
-            )
+        CELLS.resolve(self.cell)  # likewise for the cell
+        inputs = self.embedding_dim or 2 * self.num_symbols + 1  # as SequenceClassifier feeds it
+        core = make_cell(self.cell, inputs, self.hidden_size, **self.model_kwargs()["cell_kwargs"])
+        for method in self.methods:
+            refusal = method_refusal(core, method, lambda methods: f"--methods '[{', '.join(methods)}]'")
+            if refusal:
+                raise ValueError(f"--cell {self.cell}: {refusal}")
 
     def model_kwargs(self) -> dict[str, Any]:
         """``cell`` and ``cell_kwargs`` of the :class:`SequenceClassifier` (``forget_bias`` and ``layers`` folded in)."""

@@ -50,6 +50,7 @@ def method_refusal(
             ``lambda ms: " or ".join(f"--method {m}" for m in ms)``.
         cell_option: how the caller's interface picks another cell.
     """
+    method = getattr(METHODS.resolve(method), "name", method)  # "RTRL" or a class path: the registered name
     refused = next(((leaf, err) for leaf in _leaves(cell) if (err := _refusal(leaf, method)) is not None), None)
     if refused is None:
         return None
@@ -59,16 +60,25 @@ def method_refusal(
     fully_recurrent = isinstance(leaf, FullyRecurrentCell)
     if fully_recurrent and method == "rtrl":
         why = f"{name} is fully recurrent (its gates read every unit), so exact RTRL refuses it."
-    else:
-        detail = str(err).split(". ", 1)[0].rstrip(".")
-        why = f"{LABELS.get(method, method)} cannot train {name}: {detail}."
-    advice = f" Train it with {choose(others)}" if others else ""
+    elif fully_recurrent:
+        why = f"{LABELS.get(method, method)} cannot train {name}: {_first_sentence(err)}."
+    else:  # a cell of its own that mixes units: the element-wise check says where
+        why = f"{_first_sentence(_refusal(leaf, 'rtrl') or err)}, so {LABELS.get(method, method)} cannot train it."
+    advice = [f"Train it with {choose(others)}"] if others else []
     if fully_recurrent:
-        advice += f", or keep exact RTRL with an element-wise cell such as {cell_option} elstm."
-    else:
-        only = " (SnAP-1 needs an element-wise cell or a FullyRecurrentCell subclass)" if "snap" not in others else ""
-        advice += (
-            f"{only}, or make {name}'s recurrence element-wise (each unit reads only its own state), which exact RTRL "
-            "trains (docs/custom_cell.md)."
+        advice.append(f"keep exact RTRL with an element-wise cell such as {cell_option} elstm")
+        return f"{why} {', or '.join(advice)}."
+    if others and "snap" not in others:
+        advice[0] += (
+            " (SnAP-1 approximates only FullyRecurrentCell subclasses, whose gates read the state through "
+            "recurrent_proj)"
         )
-    return why + advice
+    advice.append(
+        f"make {name}'s recurrence element-wise (each unit reads only its own state), which exact RTRL trains "
+        "(docs/custom_cell.md)"
+    )
+    return f"{why} {'; or '.join(advice)}."
+
+
+def _first_sentence(err: Exception) -> str:
+    return str(err).split(". ", 1)[0].rstrip(".")

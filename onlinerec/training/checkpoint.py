@@ -116,8 +116,8 @@ def _corrupt(path: _PATH, what: str) -> str:
         siblings = sorted(p.name for p in here.parent.glob("*.ckpt") if p != here)[:5]
     others = f" Other checkpoints in that folder: {', '.join(siblings)}." if siblings else ""
     return (
-        f"checkpoint {path} {what}. It cannot be resumed from. Start fresh (no ckpt_path; for `onlinerec rl`, "
-        f"--resume false or a new --out_dir) or resume from another checkpoint.{others}"
+        f"checkpoint {path} {what}. It cannot be resumed from. Start fresh (fit without ckpt_path; for `onlinerec rl` or "
+        f"`onlinerec stream`, a new --out_dir) or resume from another checkpoint.{others}"
     )
 
 

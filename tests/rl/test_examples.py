@@ -16,6 +16,10 @@ from tests.helpers import TINY_RL
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
+STREAM_CONFIGS = sorted((EXAMPLES / "configs").glob("stream_*.yaml"))
+"""The streaming agent's configs (``onlinerec stream``)."""
+R2AC_CONFIGS = sorted(p for p in (EXAMPLES / "configs").glob("*.yaml") if p not in STREAM_CONFIGS)
+"""R2AC's configs (``onlinerec rl``)."""
 TINY = [*TINY_RL, "--checkpoint_every", "2", "--eval_envs", "1", "--log_every", "1"]
 
 
@@ -148,8 +152,16 @@ def test_config_yaml_and_overrides(tmp_path):
     assert isinstance(cfg, ExperimentConfig) and isinstance(cfg.r2ac, R2ACConfig)
     assert cfg.env == "ALE/Breakout-v5" and cfg.M == 7 and cfg.num_envs == 32 and cfg.total_frames == 8e8
     assert cfg.r2ac.lr == 0.01 and cfg.r2ac.grad_clip == 40.0 and cfg.env_kwargs == {"length": 9}
-    for path in sorted((EXAMPLES / "configs").glob("*.yaml")):  # every shipped config parses
+    for path in R2AC_CONFIGS:  # every shipped config of onlinerec rl parses
         assert parse_experiment(["--config", str(path)]).total_frames > 0
+
+
+def test_every_streaming_config_parses():
+    from onlinerec.rl.streaming.experiment import parse_stream_experiment
+
+    assert STREAM_CONFIGS
+    for path in STREAM_CONFIGS:
+        assert parse_stream_experiment(["--config", str(path)]).total_frames > 0
 
 
 def test_the_cartpole_config_trains_its_stack_with_truncations_bootstrapped(tmp_path):
@@ -246,10 +258,11 @@ def test_a_resume_continues_only_the_same_experiment(tmp_path, capsys):
         )
     changed = run_experiment(parse_experiment([*base, *shared, "--M", "2", "--allow_config_change", "true"]))
     assert changed["updates"] > 0
-    assert json.loads((tmp_path / "one" / "config_changes.json").read_text()) == [{"M": {"was": 4, "now": 2}}]
+    changes = json.loads((tmp_path / "one" / "config_changes.json").read_text())
+    assert changes == [{"frames": int(base[-1]), "changes": {"M": {"was": 4, "now": 2}}}]  # the frames it resumed at
 
     (tmp_path / "one" / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 half a file")
-    with pytest.raises(CorruptCheckpointError, match=r"last.ckpt is truncated.*--resume false or a new --out_dir"):
+    with pytest.raises(CorruptCheckpointError, match=r"last.ckpt is truncated.*move its folder aside.*new --out_dir"):
         run_experiment(parse_experiment([*base, *shared, "--M", "2"]))
     assert main([*base, *shared, "--M", "2"]) == 2 and "last.ckpt is truncated" in capsys.readouterr().err
 
@@ -270,28 +283,36 @@ def _commented(text: str, key: str) -> bool:
     return any(re.match(rf"\s*{re.escape(key)}:.*#", line) for line in text.splitlines())
 
 
-@pytest.mark.parametrize("path", sorted((EXAMPLES / "configs").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [*R2AC_CONFIGS, *STREAM_CONFIGS], ids=lambda p: p.name)
 def test_every_yaml_value_that_differs_from_the_default_says_why(path):
     import dataclasses
 
     import yaml
 
-    from onlinerec.rl.experiment import ExperimentConfig
-    from onlinerec.rl.r2ac_config import R2ACConfig
+    if path in STREAM_CONFIGS:
+        from onlinerec.rl.streaming.config import StreamACConfig as Nested
+        from onlinerec.rl.streaming.experiment import StreamExperiment as Top
 
+        nested_key = "stream"
+    else:
+        from onlinerec.rl.experiment import ExperimentConfig as Top
+        from onlinerec.rl.r2ac_config import R2ACConfig as Nested
+
+        nested_key = "r2ac"
     text = path.read_text()
     values = yaml.safe_load(text)
-    defaults = {f.name: f.default for f in dataclasses.fields(ExperimentConfig)}
-    r2ac_defaults = {f.name: f.default for f in dataclasses.fields(R2ACConfig)}
+    defaults = {f.name: f.default for f in dataclasses.fields(Top)}
+    nested_defaults = {f.name: f.default for f in dataclasses.fields(Nested)}
     unexplained = []
     for key, value in values.items():
         if key == "env":  # the point of the file, named in its header
             continue
-        if key == "r2ac":
+        if key == nested_key:
             unexplained += [
-                f"r2ac.{k}"
+                f"{nested_key}.{k}"
                 for k, v in value.items()
-                if v != r2ac_defaults[k] and not (_commented(text, "r2ac") or _commented(text, k))  # flow or block
+                if v != nested_defaults[k]
+                and not (_commented(text, nested_key) or _commented(text, k))  # flow or block
             ]
         elif value != defaults.get(key, dataclasses.MISSING) and not _commented(text, key):
             unexplained.append(key)

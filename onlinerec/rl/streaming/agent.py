@@ -16,6 +16,7 @@ traces accumulate exact gradients over the whole history (docs/streaming.md deri
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -121,10 +122,18 @@ class StreamAC(nn.Module):
         self._pending = (params, value[:, 0], action)
         return head.env_actions(action)
 
-    def learn(self, reward: float, x_next: Tensor | None, terminated: bool, done: bool) -> Tensor:
+    def learn(
+        self,
+        reward: float,
+        x_next: Tensor | None,
+        terminated: bool,
+        done: bool,
+        backward: Callable[[Tensor], Any] | None = None,
+    ) -> Tensor:
         """Update from the step :meth:`act` took: its reward, the next observation ``x_next`` (1, D) (the episode's
         last one if it ended by a time limit; None after a termination), and whether the episode ended (``done``:
-        the traces are zeroed after the update). Returns the TD error."""
+        the traces are zeroed after the update). ``backward``: what differentiates the step's objective (e.g.
+        ``fabric.backward``; default ``Tensor.backward``). Returns the TD error."""
         if self._pending is None:
             raise RuntimeError("learn() follows act(): call act(x, reset) for this step first.")
         params, value, action = self._pending
@@ -138,7 +147,7 @@ class StreamAC(nn.Module):
         objective = head.log_prob(params, action) + cfg.entropy_cost * torch.sign(delta) * head.entropy(params) + value
         for p in self.parameters():
             p.grad = None
-        objective.sum().backward()
+        (backward or Tensor.backward)(objective.sum())
         self.actor_opt.step(delta, done)
         self.critic_opt.step(delta, done)
         return delta

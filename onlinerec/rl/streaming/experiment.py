@@ -75,7 +75,7 @@ class StreamExperiment:
     return_window: int = 100
     """The logged return is the mean over the last this many finished episodes."""
     progress: bool = True
-    """Print a line of progress (steps, steps/s, mean return) every few seconds."""
+    """Print a line of progress (steps, steps/s, mean return) every 10 seconds."""
     threads: int | None = 1
     """torch.set_num_threads (one is fastest at batch size 1; None: torch's default)."""
     tensorboard: bool = False
@@ -124,11 +124,6 @@ class StreamExperiment:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an int >= 1 or null, got {value!r}.")
-        if self.cell is None and (self.layers not in (None, 1) or self.cell_kwargs):
-            raise ValueError(
-                "cell: none (the feed-forward networks) has no core to shape: drop layers and cell_kwargs, or name a "
-                "cell (--cell rtu)."
-            )
 
 
 def parse_stream_experiment(
@@ -136,8 +131,12 @@ def parse_stream_experiment(
 ) -> StreamExperiment:
     """A :class:`StreamExperiment` from options and YAML files, as ``onlinerec stream`` reads it."""
     from onlinerec.config import parse_config
+    from onlinerec.rl.experiment import check_core_options
 
     args = list(sys.argv[1:] if argv is None else argv)
-    return parse_config(
+    cfg = parse_config(
         StreamExperiment, args, prog="onlinerec stream", description=DESCRIPTION, default_config=default_config
     )
+    if cfg.cell is None:
+        check_core_options(cfg, args, default_config, "onlinerec stream")
+    return cfg

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import sys
 import time
 from collections import deque
@@ -50,6 +49,7 @@ def run_stream(cfg: StreamExperiment) -> dict[str, Any]:
     """Train, checkpoint, evaluate and plot one streaming run; returns the evaluation's statistics and where the run
     wrote."""
     from onlinerec.rl.envs import make_vector_env
+    from onlinerec.rl.monitor import ProgressLines
     from onlinerec.rl.streaming.agent import StreamAC
     from onlinerec.training.checkpoint import atomic_torch_save, load_checkpoint_file
 
@@ -84,7 +84,7 @@ def run_stream(cfg: StreamExperiment) -> dict[str, Any]:
     (out / "config.json").write_text(json.dumps(config, indent=1))
     log = _MetricsLog(out / "metrics.csv", keep_until=frames)
     total = int(cfg.total_frames)
-    progress = _Progress(total, frames, cfg.progress)
+    progress = ProgressLines(total) if cfg.progress else None
     abs_delta = resumed_abs_delta if resuming else 0.0  # the TD errors since the last row, which the next row averages
     next_log, next_ckpt = _next_multiple(frames, cfg.log_every), _next_multiple(frames, cfg.checkpoint_every)
     obs, _ = env.reset(seed=episode_seed(cfg.seed, episodes))
@@ -115,7 +115,8 @@ def run_stream(cfg: StreamExperiment) -> dict[str, Any]:
             rate = (frames - start_frames) / max(elapsed, 1e-9)
             log.write(frames, episodes, mean_return, abs_delta / max(1, frames - log.last_frames), rate)
             abs_delta, next_log = 0.0, _next_multiple(frames, cfg.log_every)
-            progress.update(frames, mean_return)
+            if progress is not None:
+                progress.update(frames, mean_return, force=frames == total)
         if episode_end and frames >= next_ckpt:  # between episodes: a resumed run needs nothing but the checkpoint
             next_ckpt = _next_multiple(frames, cfg.checkpoint_every)
             _save(atomic_torch_save, ckpt_path, agent, frames, episodes, returns, abs_delta)
@@ -211,27 +212,6 @@ class _MetricsLog:
 
     def close(self) -> None:
         self.fh.close()
-
-
-class _Progress:
-    """A plain line every few seconds (a background run's log shows signs of life)."""
-
-    def __init__(self, total: int, frames: int, enabled: bool, every: float = 10.0) -> None:
-        self.total, self.enabled, self.every = total, enabled, every
-        self.start, self.start_frames, self.last = time.perf_counter(), frames, 0.0
-
-    def update(self, frames: int, mean_return: float) -> None:
-        now = time.perf_counter()
-        if not self.enabled or (now - self.last < self.every and frames < self.total):
-            return
-        self.last = now
-        rate = (frames - self.start_frames) / max(now - self.start, 1e-9)
-        eta = (self.total - frames) / rate if rate > 0 else math.inf
-        print(
-            f"steps {frames:,}/{self.total:,}  {rate:,.0f} steps/s  return {mean_return:.3f}  "
-            f"elapsed {now - self.start:,.0f} s  left {eta:,.0f} s",
-            flush=True,
-        )
 
 
 def _evaluate(cfg: StreamExperiment, agent) -> dict[str, Any]:
