@@ -81,6 +81,14 @@ class RTRL(SensitivityMethod):
             self._verify(cell, names, params, gates, c0, keep, states, lin, steps)
         return states, lin
 
+    def step_check(self, cell, names, params, c0, keep):
+        steps = self._steps_to_verify(cell, 1)
+        if steps is None or torch.is_inference_mode_enabled():
+            return None
+        return lambda gates, value, lin: self._verify(
+            cell, names, params, gates, c0, keep, value.unsqueeze(0), lin, steps
+        )
+
     def _steps_to_verify(self, cell: ElementwiseCell, m: int) -> range | None:
         """The steps of this segment to verify: all (``"always"``), one of every ``verify_every``-th segment
         (``"sampled"``, a different step each time), or none."""

@@ -112,7 +112,7 @@ class _GateWeightSteps:
         return torch.stack([(self.d_gates[:, :, g] * lc).sum((0, 1)) for g in self.rows[name]])
 
 
-class _Linearizer:
+class Linearizer:
     """``cell.recurrence`` linearised at given points, for the steps t0, t0 + 1, ... of one segment."""
 
     def __init__(self, cell: ElementwiseCell, names: tuple[str, ...], params: dict[str, Tensor], keep: Tensor) -> None:
@@ -142,7 +142,7 @@ class _Linearizer:
 class _Recomputed:
     """Backward's view of any other cell: it keeps the gates and c_prev and linearises again, chunk by chunk."""
 
-    linearize: _Linearizer
+    linearize: Linearizer
     gates: Tensor
     c_prev: Tensor
 
@@ -161,7 +161,7 @@ def _gate_weight_derivative(d_gates: Tensor, c_prev: Tensor, rows: tuple[int, ..
     return sel * c_prev.unsqueeze(2)
 
 
-def _run(linearize: _Linearizer, gates: Tensor, c0: Tensor):
+def _run(linearize: Linearizer, gates: Tensor, c0: Tensor):
     """Forward without a graph: the states (M, B, N), the linearisation of all steps, and what backward keeps."""
     m, b, _, n = gates.shape
     cell, mask = linearize.cell, linearize.mask
@@ -188,7 +188,7 @@ class _DiagonalScan(torch.autograd.Function):
     """States (differentiable) and, as non-differentiable extra outputs, jh, dc/dgates and each dc/dp."""
 
     @staticmethod
-    def forward(ctx, linearize: _Linearizer, gates: Tensor, c0: Tensor, *unit_params: Tensor):
+    def forward(ctx, linearize: Linearizer, gates: Tensor, c0: Tensor, *unit_params: Tensor):
         states, lin, ctx.saved = _run(linearize, gates, c0)
         ctx.names, ctx.gates_shape = linearize.names, gates.shape
         ctx.param_shapes = [p.shape for p in unit_params]
@@ -242,7 +242,7 @@ def diagonal_scan(
         The states (M, B, N), differentiable with respect to gates, c0 and ``params[names]``, and the detached
         linearisation of all M steps (no ``c_prev``).
     """
-    linearize = _Linearizer(cell, names, params, keep)
+    linearize = Linearizer(cell, names, params, keep)
     states, jh, d_gates, *d_params = _DiagonalScan.apply(linearize, gates, c0, *[params[k] for k in names])
     return states, Linearization(jh, d_gates, dict(zip(names, d_params)))
 

@@ -27,10 +27,11 @@ from torch import Tensor
 
 from onlinerec.cells.base import ElementwiseCell
 from onlinerec.cells.composite import CompositeCell
+from onlinerec.gradients import inplace
 from onlinerec.gradients.base import GradientMethod, project, window_features
 from onlinerec.gradients.carry import Carry, blocks_in_place_
 from onlinerec.gradients.derivatives import substituted
-from onlinerec.gradients.inplace import DeferredCarry, block_mul, carry_in_place
+from onlinerec.gradients.inplace import DeferredCarry, block_mul, carry_in_place, contract, online_step
 from onlinerec.gradients.scan import SECOND_BACKWARD, Linearization, RecomputedBlocks
 
 
@@ -68,7 +69,7 @@ class _InjectSensitivity(torch.autograd.Function):
             lam = (scale * grad.unsqueeze(2)).sum(1)
         else:
             lam = grad * scale
-        grads = [_contract(lam, s).reshape(shape) if need else None for s, shape, need in zip(sens, ctx.shapes, needs)]
+        grads = [contract(lam, s).reshape(shape) if need else None for s, shape, need in zip(sens, ctx.shapes, needs)]
         del saved, sens
         if ctx.after is not None:  # S_0 has been read: a deferred carry may now overwrite it
             ctx.after.old_sensitivities_read()
@@ -92,22 +93,6 @@ def _true_sensitivities(carry: Carry, donate: bool) -> dict[str, Tensor]:
     if carry.scale is None or not donate:
         return carry.sensitivities
     return carry.fold_().sensitivities
-
-
-def _contract(lam: Tensor, s: Tensor) -> Tensor:
-    """sum_b lam[b, n] * s[b, p, n, f] -> (P, N, F); for K > 1 components sum_{b,k} lam[b, k, n] * s[b, k, p, n, f].
-
-    One batched matrix product over the (p, n) rows, (1 x B) times (B x F), reading s in place through a permuted view
-    (no copy of s): one pass over s in a single parallel call, about 1.5x faster than a per-stream loop of in-place
-    multiply-adds with one thread, and far faster with two on a busy machine (one parallel region instead of B)."""
-    lam = lam.to(s.dtype)  # e.g. bfloat16 states under autocast, float32 sensitivities
-    if s.dim() == 5:  # K > 1 components: the same contraction over the rows (b, k)
-        return _contract(lam.flatten(0, 1), s.flatten(0, 1))
-    b, k, n, f = s.shape
-    if f == 1 or b == 1:  # small: a broadcast multiply and a sum beat einsum's setup
-        return (s * lam[:, None, :, None]).sum(0)
-    rows = lam.t().unsqueeze(1).expand(n, k, b).transpose(0, 1).reshape(k * n, 1, b)  # (P*N, 1, B)
-    return torch.bmm(rows, s.permute(1, 2, 0, 3).reshape(k * n, b, f)).view(k, n, f)
 
 
 def _exclusive_reverse_cumprod(jh: Tensor) -> tuple[Tensor, Tensor]:
@@ -226,6 +211,13 @@ class SensitivityMethod(GradientMethod):
         (:func:`~onlinerec.gradients.inplace.carry_in_place`; by a K x K block per unit for K > 1 components)."""
         keep = (~reset).to(inputs.dtype)
         feats, window = window_features(cell, inputs, keep, carry.window)
+        if donate and self._online_ok(tracked, carry):  # a small carry: the lean step (inplace.online_step)
+            names = tuple(tr.name for tr in tracked if tr.kind == "unit")
+            frozen = {**params, **{tr.name: params[tr.name].detach() for tr in tracked}}
+            check = self.step_check(cell, names, frozen, carry.c, keep)
+            sens = carry.raw_sensitivities()[0]
+            state, value, new_sens = online_step(cell, tracked, names, params, feats, keep, carry.c, sens, check)
+            return state.unsqueeze(0), Carry(c=value, window=window, sensitivities=new_sens)
         frozen = {tr.name: params[tr.name].detach() for tr in tracked}
         with substituted(cell, frozen):
             gates = project(cell, feats)
@@ -244,6 +236,24 @@ class SensitivityMethod(GradientMethod):
                 new_sens = self._carry(tracked, lin, feats, _true_sensitivities(carry, donate))
         last = _inject(states[0], [new_sens[tr.name] for tr in tracked], [params[tr.name] for tr in tracked], scale)
         return last.unsqueeze(0), Carry(c=states[0].detach(), window=window, sensitivities=new_sens, scale=scale)
+
+    def _online_ok(self, tracked: list[Tracked], carry: Carry) -> bool:
+        """Whether a donated M = 1 step takes :func:`~onlinerec.gradients.inplace.online_step`: an unscaled carry of at
+        most :data:`~onlinerec.gradients.inplace.SMALL_CARRY` numbers that can be updated in place, and no dense
+        weight on the state."""
+        sens, scale = carry.raw_sensitivities()
+        return (
+            scale is None
+            and all(tr.source != "state" and tr.via == "gates" for tr in tracked)
+            and sum(t.numel() for t in sens.values()) <= inplace.SMALL_CARRY
+            and self._in_place_ok(sens)
+        )
+
+    def step_check(
+        self, cell: ElementwiseCell, names: tuple[str, ...], params: dict[str, Tensor], c0: Tensor, keep: Tensor
+    ) -> Callable[[Tensor, Tensor, Linearization], None] | None:
+        """A check of this fully online step's linearisation (RTRL's sampled verification), or None."""
+        return None
 
     def _in_place_ok(self, sens: dict[str, Tensor], lin: Linearization | None = None) -> bool:
         """Whether a donated carry can be updated in place: the batched :meth:`propagate` (a subclass with its own,

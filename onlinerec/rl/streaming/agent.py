@@ -91,6 +91,7 @@ class StreamAC(nn.Module):
         self.critic_opt = ObGD(self.critic.parameters(), config.lr, config.discount, config.trace_lambda,
                                config.kappa_value)  # fmt: skip
         self.carries = {name: self._zero_carry(net) for name, net in self.networks().items()}
+        self._parameters_list = list(self.parameters())  # the same objects after .to(): their data moves
         self._pending: tuple[Tensor, Tensor, Tensor] | None = None
 
     def networks(self) -> dict[str, StreamNet]:
@@ -145,7 +146,7 @@ class StreamAC(nn.Module):
                 target = target + cfg.discount * self.critic.peek(x_next, self.carries["critic"])[0, 0]
             delta = target - value.detach()[0]
         objective = head.log_prob(params, action) + cfg.entropy_cost * torch.sign(delta) * head.entropy(params) + value
-        for p in self.parameters():
+        for p in self._parameters_list:
             p.grad = None
         (backward or Tensor.backward)(objective.sum())
         self.actor_opt.step(delta, done)
