@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["config_to_dict", "parse_config"]
+__all__ = ["config_from_dict", "config_to_dict", "parse_config"]
 
 T = TypeVar("T")
 
@@ -77,6 +77,12 @@ def parse_config(
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A config dataclass as plain data (nested dataclasses too), e.g. for config.json."""
     return dataclasses.asdict(config)
+
+
+def config_from_dict(cls: type[T], values: Mapping[str, Any]) -> T:
+    """A config dataclass from plain data (the inverse of :func:`config_to_dict`, e.g. a run's config.json); fields
+    that ``values`` lacks keep their defaults."""
+    return _build(cls, values)
 
 
 def _bool_fields(cls: type) -> set[str]:

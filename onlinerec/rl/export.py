@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from onlinerec.gradients.tbptt import TBPTT
 
-__all__ = ["export_policy"]
+__all__ = ["export_policy", "flatten_carry", "unflatten_carry", "write_policy"]
 
 
 class _Step(nn.Module):
@@ -67,10 +67,10 @@ class _Step(nn.Module):
             h = x[0]
             new_state = list(state)
         else:  # one step of the module's own unroll (what R2AC.act runs), from the carry rebuilt from ``state``
-            carry, _ = _unflatten(self.template, state, 0)
+            carry, _ = unflatten_carry(self.template, state, 0)
             states, carry = _STEP_METHOD.unroll(cell, x, reset.unsqueeze(0), carry)
             h = cell.readout(states, x)[0]
-            new_state = _flatten(carry)
+            new_state = flatten_carry(carry)
         params = agent.policy_params(h)
         if self.output == "params":
             return params, new_state
@@ -134,21 +134,34 @@ def export_policy(agent: Any, path: str | Path, *, output: str = "action", greed
     template = None
     if model.cell is not None:
         template = _STEP_METHOD.init_carry(model.cell, 1, device="cpu", dtype=dtype)
-        shapes = [list(t.shape[1:]) for t in _flatten(template)]
+        shapes = [list(t.shape[1:]) for t in flatten_carry(template)]
     step = _Step(model, output, greedy, template).eval()
     batch = 2
     obs = _example_observation(model, batch)
+    metadata = {
+        "format": "onlinerec R2AC policy v1",
+        "output": output,
+        "greedy": greedy,
+        "action_space": model.action_space_spec,
+        "observation_space": model.observation_space_spec,
+        "obs_shape": None if model.obs_shape is None else list(model.obs_shape),
+        "observation_keys": sorted(obs) if isinstance(obs, dict) else None,
+    }
+    return write_policy(step, obs, shapes, dtype, metadata, path)
+
+
+def write_policy(
+    step: nn.Module, example_obs: Any, shapes: list[list[int]], dtype: torch.dtype, metadata: dict[str, Any], path
+) -> Path:
+    """Trace ``step`` (``(obs, reward, reset, state) -> (output, new_state)`` for a batch of streams, ``state`` a list of
+    tensors of ``shapes`` per stream) on ``example_obs`` (a batch of 2), wrap it with ``initial_state`` and save it as
+    one TorchScript file with ``metadata`` (plus the state shapes and the call signature) as ``onlinerec.json``."""
+    batch = 2
     state = [torch.zeros([batch] + s, dtype=dtype) for s in shapes]
-    example = (obs, torch.zeros(batch), torch.tensor([True, False]), state)
-    metadata = json.dumps(
+    example = (example_obs, torch.zeros(batch), torch.tensor([True, False]), state)
+    info = json.dumps(
         {
-            "format": "onlinerec R2AC policy v1",
-            "output": output,
-            "greedy": greedy,
-            "action_space": model.action_space_spec,
-            "observation_space": model.observation_space_spec,
-            "obs_shape": None if model.obs_shape is None else list(model.obs_shape),
-            "observation_keys": sorted(obs) if isinstance(obs, dict) else None,
+            **metadata,
             "state_shapes": shapes,
             "forward": "forward(observation, reset, state, reward=None) -> (output, new_state)",
         }
@@ -156,31 +169,31 @@ def export_policy(agent: Any, path: str | Path, *, output: str = "action", greed
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # torch.jit's deprecation notices, tracer notes on shape arithmetic
         traced = torch.jit.trace(step, example, strict=False, check_trace=False)
-        wrapper_cls = _DictPolicy if isinstance(obs, dict) else _TensorPolicy
-        scripted = torch.jit.script(wrapper_cls(traced, shapes, dtype, metadata))
+        wrapper_cls = _DictPolicy if isinstance(example_obs, dict) else _TensorPolicy
+        scripted = torch.jit.script(wrapper_cls(traced, shapes, dtype, info))
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.jit.save(scripted, str(path), _extra_files={"onlinerec.json": metadata})
+        torch.jit.save(scripted, str(path), _extra_files={"onlinerec.json": info})
     return path
 
 
 _STEP_METHOD = TBPTT()  # what the module runs for its acting streams (no sensitivities)
 
 
-def _flatten(carry: Any) -> list[Tensor]:
+def flatten_carry(carry: Any) -> list[Tensor]:
     """A carry's state tensors in a fixed order: ``c`` then the input window (if any), layer after layer for a
     stack (``carry.layers``)."""
     if hasattr(carry, "layers"):
-        return [t for layer in carry.layers for t in _flatten(layer)]
+        return [t for layer in carry.layers for t in flatten_carry(layer)]
     return [carry.c] + ([] if carry.window is None else [carry.window])
 
 
-def _unflatten(template: Any, tensors: list[Tensor], pos: int) -> tuple[Any, int]:
+def unflatten_carry(template: Any, tensors: list[Tensor], pos: int) -> tuple[Any, int]:
     """The inverse of :func:`_flatten`, shaped like ``template``; returns the carry and the next position."""
     if hasattr(template, "layers"):
         layers = []
         for layer in template.layers:
-            rebuilt, pos = _unflatten(layer, tensors, pos)
+            rebuilt, pos = unflatten_carry(layer, tensors, pos)
             layers.append(rebuilt)
         return type(template)(layers), pos
     if template.window is None:

@@ -163,6 +163,12 @@ class StreamAC(nn.Module):
         self.return_norm.update(self.running_return)
         return float(reward) / float(self.return_norm.std)
 
+    def export(self, path: Any, *, output: str = "action", greedy: bool = True):
+        """The policy as one TorchScript file (:func:`~onlinerec.rl.streaming.policy.export_stream_policy`)."""
+        from onlinerec.rl.streaming.policy import export_stream_policy
+
+        return export_stream_policy(self, path, output=output, greedy=greedy)
+
     # -- checkpoints ---------------------------------------------------------------------------------------------
     def learner_state(self) -> dict[str, Any]:
         """What the module's ``state_dict`` (weights, normaliser statistics, eligibility traces) does not hold: the

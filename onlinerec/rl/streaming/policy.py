@@ -1,16 +1,19 @@
 """The streaming agent's policy without learning: B streams acting with fixed weights and frozen normalisers, for the
-final evaluation (``onlinerec.rl.evaluation.evaluate``) and for export."""
+final evaluation (:class:`EvaluationActor`, driven by ``onlinerec.rl.evaluation.evaluate``) and as a TorchScript file
+(:func:`export_stream_policy`, the same interface as ``R2AC.export``'s)."""
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from onlinerec.gradients import TBPTT
 
-__all__ = ["EvaluationActor"]
+__all__ = ["EvaluationActor", "export_stream_policy"]
 
 
 class EvaluationActor:
@@ -56,3 +59,51 @@ class EvaluationActor:
         params, self.carries[stream] = self.net.step(x, reset.bool(), carry, TBPTT())
         head = self.net.head
         return (head.mode(params) if greedy else head.sample(params)), params
+
+
+class _Step(nn.Module):
+    """One step of a copy of the agent's actor: (obs, reward, reset, state) -> (action or parameters, new state)."""
+
+    def __init__(self, agent: Any, output: str, greedy: bool, template: Any) -> None:
+        super().__init__()
+        self.net, self.obs_norm = agent.actor, agent.obs_norm
+        self.template, self.output, self.greedy = template, output, greedy
+
+    def forward(self, obs: Tensor, reward: Tensor, reset: Tensor, state: list[Tensor]):
+        from onlinerec.rl.export import flatten_carry, unflatten_carry
+
+        x = obs.reshape(obs.shape[0], -1).float()
+        if self.obs_norm is not None:
+            x = self.obs_norm(x)
+        carry = None if self.template is None else unflatten_carry(self.template, state, 0)[0]
+        params, carry = self.net.step(x, reset, carry, TBPTT())
+        new_state = list(state) if carry is None else flatten_carry(carry)
+        if self.output == "params":
+            return params, new_state
+        head = self.net.head
+        return head.env_actions(head.mode(params) if self.greedy else head.sample(params)), new_state
+
+
+def export_stream_policy(agent: Any, path: str | Path, *, output: str = "action", greedy: bool = True) -> Path:
+    """Write the streaming agent's policy (its actor network and observation normaliser) as a TorchScript file that
+    loads with torch alone: ``policy.initial_state(B)``, then ``action, state = policy(obs, reset, state)`` per step
+    (``output="params"``: the distribution's parameters; ``greedy=False``: sampled actions). The agent is not
+    modified (a copy goes to the CPU)."""
+    from onlinerec.rl.export import flatten_carry, write_policy
+
+    if output not in ("action", "params"):
+        raise ValueError(f"output must be 'action' or 'params', got {output!r}.")
+    model = copy.deepcopy(agent).cpu().eval()
+    model.requires_grad_(False)
+    dtype = next(model.parameters()).dtype
+    core = model.actor.core
+    template = None if core is None else TBPTT().init_carry(core, 1, device="cpu", dtype=dtype)
+    shapes = [[0]] if template is None else [list(t.shape[1:]) for t in flatten_carry(template)]
+    step = _Step(model, output, greedy, template).eval()
+    metadata = {
+        "format": "onlinerec streaming policy v1",
+        "output": output,
+        "greedy": greedy,
+        "obs_size": model.obs_size,
+    }
+    return write_policy(step, torch.zeros(2, model.obs_size), shapes, dtype, metadata, path)

@@ -26,7 +26,7 @@ import torch
 
 from onlinerec.rl.streaming.experiment import StreamExperiment, parse_stream_experiment
 
-__all__ = ["main", "run_stream"]
+__all__ = ["load_agent", "main", "run_stream"]
 
 RESUMABLE = frozenset(
     {"total_frames", "eval_episodes", "eval_envs", "eval_greedy", "eval_max_steps", "checkpoint_every", "log_every",
@@ -133,6 +133,27 @@ def run_stream(cfg: StreamExperiment) -> dict[str, Any]:
     _plot(cfg, out)
     env.close()
     return result
+
+
+def load_agent(run_dir: str | Path, checkpoint: str = "final"):
+    """The agent a run trained, rebuilt from its folder's ``config.json`` and ``checkpoints/<checkpoint>.ckpt``
+    ("final": where training ended; "last": the last checkpoint between episodes), e.g. to export its policy."""
+    from onlinerec.config import config_from_dict
+    from onlinerec.rl.envs import spaces
+    from onlinerec.rl.streaming.agent import StreamAC
+    from onlinerec.training.checkpoint import load_checkpoint_file
+
+    run_dir = Path(run_dir)
+    cfg = config_from_dict(StreamExperiment, json.loads((run_dir / "config.json").read_text()))
+    observation_space, action_space = spaces(cfg.env, **cfg.env_kwargs)
+    agent = StreamAC(
+        observation_space, action_space, cfg.stream, cell=cfg.cell, hidden_size=cfg.hidden_size, layers=cfg.layers,
+        cell_kwargs=dict(cfg.cell_kwargs), method=cfg.method,
+    )  # fmt: skip
+    saved = load_checkpoint_file(run_dir / "checkpoints" / f"{checkpoint}.ckpt")
+    agent.load_state_dict(saved["agent"])
+    agent.load_learner_state(saved["learner"])
+    return agent
 
 
 def _config_dict(cfg: StreamExperiment) -> dict[str, Any]:

@@ -1,0 +1,89 @@
+"""``onlinerec stream`` end to end: a run's files, a resumed run equal to an uninterrupted one bit for bit, a folder
+holding another experiment refused, the baselines, continuous actions, the exported policy."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("gymnasium")
+from onlinerec.rl.streaming.runner import load_agent, main  # noqa: E402
+from onlinerec.training.checkpoint import load_checkpoint_file  # noqa: E402
+
+TINY = ["--env", "memory:tmaze", "--env_kwargs", "{length: 2}", "--hidden_size", "4", "--stream.width", "8",
+        "--log_every", "50", "--checkpoint_every", "100", "--eval_episodes", "2", "--progress", "false"]  # fmt: skip
+
+
+def flat(state, prefix=""):
+    if isinstance(state, dict):
+        for k, v in state.items():
+            yield from flat(v, f"{prefix}.{k}")
+    elif isinstance(state, (list, tuple)):
+        for i, v in enumerate(state):
+            yield from flat(v, f"{prefix}[{i}]")
+    else:
+        yield prefix, state
+
+
+def same(a, b) -> bool:
+    fa, fb = dict(flat(a)), dict(flat(b))
+    return fa.keys() == fb.keys() and all(
+        torch.equal(x, fb[k]) if torch.is_tensor(x) else x == fb[k] for k, x in fa.items()
+    )
+
+
+def test_a_run_writes_its_folder_and_its_policy_exports(tmp_path):
+    out = tmp_path / "run"
+    assert main([*TINY, "--total_frames", "300", "--out_dir", str(out)]) == 0
+    for name in ("config.json", "metrics.csv", "eval.json", "learning_curve.png", "checkpoints/final.ckpt"):
+        assert (out / name).exists(), name
+    rows = list(csv.DictReader(open(out / "metrics.csv")))
+    assert [int(r["frames"]) for r in rows] == [50, 100, 150, 200, 250, 300]
+    assert json.loads((out / "eval.json").read_text())["returns"]
+    policy = torch.jit.load(str(load_agent(out).export(tmp_path / "policy.pt")))
+    action, state = policy(torch.zeros(3, 4), torch.tensor([True, True, False]), policy.initial_state(3))
+    assert action.shape == (3,) and len(state) == 1
+
+
+def test_a_resumed_run_continues_bit_for_bit(tmp_path):
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    assert main([*TINY, "--total_frames", "400", "--out_dir", str(straight)]) == 0
+    assert main([*TINY, "--total_frames", "230", "--out_dir", str(interrupted)]) == 0  # stops mid-way
+    assert main([*TINY, "--total_frames", "400", "--out_dir", str(interrupted)]) == 0  # continues from its checkpoint
+    a = load_checkpoint_file(straight / "checkpoints" / "final.ckpt")
+    b = load_checkpoint_file(interrupted / "checkpoints" / "final.ckpt")
+    assert same(a, b)  # weights, normalisers, traces, carries with their sensitivities, the random generator
+    rows = [list(csv.DictReader(open(d / "metrics.csv"))) for d in (straight, interrupted)]
+    keep = ("frames", "episodes", "return", "abs_td_error")
+    assert [[r[k] for k in keep] for r in rows[0]] == [[r[k] for k in keep] for r in rows[1]]
+
+
+def test_a_folder_with_other_settings_is_refused_before_anything_is_written(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*TINY, "--total_frames", "100", "--out_dir", str(out), "--eval_episodes", "0"]) == 0
+    before = (out / "config.json").read_text()
+    assert main([*TINY, "--total_frames", "100", "--out_dir", str(out), "--method", "tbptt"]) == 2
+    assert "method" in capsys.readouterr().err and (out / "config.json").read_text() == before
+
+
+def test_the_baselines_run(tmp_path):
+    assert main([*TINY, "--method", "tbptt", "--total_frames", "100", "--out_dir", str(tmp_path / "tbptt")]) == 0
+    no_core = [a for a in TINY if a not in ("--hidden_size", "4")]
+    assert main([*no_core, "--cell", "none", "--total_frames", "100", "--out_dir", str(tmp_path / "ff")]) == 0
+
+
+def test_the_feed_forward_baseline_refuses_core_options_given_with_it(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([*TINY, "--cell", "none", "--total_frames", "100", "--out_dir", str(tmp_path / "ff")])
+    assert exit_.value.code == 2 and "--hidden_size 4" in capsys.readouterr().err
+    assert not (tmp_path / "ff").exists()
+
+
+def test_continuous_actions_and_time_limits(tmp_path):
+    args = ["--env", "gymnasium:Pendulum-v1", "--hidden_size", "4", "--stream.width", "8", "--total_frames", "250",
+            "--log_every", "100", "--eval_episodes", "1", "--eval_max_steps", "20", "--progress", "false",
+            "--out_dir", str(tmp_path / "pendulum")]  # fmt: skip
+    assert main(args) == 0  # a 200-step time limit: the TD target bootstraps from the last observation
