@@ -103,6 +103,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from onlinerec.rl.streaming.runner import main as stream_main
 
         return stream_main(rest)
+    if command not in ("fit", "validate", "test", "predict") and not command.startswith("-"):
+        import difflib
+
+        known = ["demo", "rl", "stream", "fit", "validate", "test", "predict"]
+        close = difflib.get_close_matches(command, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        print(f"{USAGE}\nonlinerec: error: unknown command {command!r}{hint}; commands: {', '.join(known)}.",
+              file=sys.stderr)  # fmt: skip
+        return 2
     args = strategy_by_class_path(args)
     if argv is None:  # LightningCLI reads sys.argv itself (and DDP's launcher re-runs it): rewrite it in place
         sys.argv[1:] = args

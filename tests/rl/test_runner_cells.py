@@ -151,21 +151,6 @@ def test_a_residual_that_the_widths_drop_is_a_warning_that_names_the_fix():
         parse_experiment([*base, "--fc_size", "7"])  # 7 + the reward = 8: every layer keeps the width
 
 
-def test_an_option_before_a_config_file_that_sets_it_is_named_not_silently_dropped(tmp_path, capsys):
-    """jsonargparse applies --config and options left to right, so a file after an option overrides it: the run keeps
-    that order, and says which options the file overrode (nested keys too) and how to override the file."""
-    config = tmp_path / "c.yaml"
-    config.write_text("env: memory:tmaze\nseed: 4\nr2ac:\n  lr: 0.002\n")
-    cfg = parse_experiment(["--env", "popgym:CountRecallEasy", "--r2ac.lr=0.01", "--M", "3", "--config", str(config)])
-    assert (cfg.env, cfg.r2ac.lr, cfg.M, cfg.seed) == ("memory:tmaze", 0.002, 3, 4)  # M: the file does not set it
-    err = capsys.readouterr().err
-    assert f"--env popgym:CountRecallEasy is overridden by --config {config}" in err and "'memory:tmaze' is used" in err
-    assert "--r2ac.lr 0.01 is overridden" in err and "0.002 is used" in err and "--M" not in err
-    assert "Options override a config file only when they come after it" in err
-    cfg = parse_experiment(["--config", str(config), "--env", "popgym:CountRecallEasy"])  # after it: the option wins
-    assert cfg.env == "popgym:CountRecallEasy" and capsys.readouterr().err == ""
-
-
 def test_separate_critic_trains_checkpoints_both_cores_and_resumes(tmp_path):
     """``--separate_critic true``: a Parallel core (the actor's stack and the critic's), both carries in the checkpoint,
     and the run resumes (exactly: tests/rl/test_r2ac_passes.py); turning the option off on resume is refused (the

@@ -104,41 +104,6 @@ def rtrl_from(results: dict, method: str) -> float:
     return sum(accs) / len(accs)
 
 
-def test_cli_usage_names_demo_and_lightning_subcommands(tmp_path):
-    proc = run([*onlinerec_command(), "--help"], tmp_path)
-    assert "demo" in proc.stdout and "fit" in proc.stdout
-
-
-def test_naming_the_strategy_by_alias_keeps_the_configs_M(tmp_path):
-    """`--trainer.strategy tbptt` on a config with RTRLStrategy(M=1) used to reset M to 50 without a word."""
-    from onlinerec.cli import strategy_by_class_path
-
-    args = ["--config", "x.yaml", "--trainer.strategy", "tbptt", "--trainer.strategy=SnAP", "--trainer.strategy", "ddp"]
-    assert strategy_by_class_path(args) == [
-        "--config",
-        "x.yaml",
-        "--trainer.strategy.class_path",
-        "onlinerec.TBPTTStrategy",
-        "--trainer.strategy.class_path",
-        "onlinerec.SnAPStrategy",
-        "--trainer.strategy",
-        "ddp",
-    ]
-    proc = run(
-        [
-            *onlinerec_command(),
-            "fit",
-            "--config",
-            str(ROOT / "examples" / "copy_task.yaml"),
-            "--trainer.strategy",
-            "tbptt",
-            "--print_config",
-        ],
-        tmp_path,
-    )
-    assert re.search(r"class_path: onlinerec.TBPTTStrategy\s+init_args:\s+M: 1\b", proc.stdout), proc.stdout
-
-
 def test_the_console_shows_only_what_a_user_should_act_on(tmp_path):
     proc = run([*onlinerec_command(), "demo", "--quick", "--seeds", "1", "--out_dir", str(tmp_path / "d")], tmp_path)
     text = proc.stdout + proc.stderr

@@ -199,26 +199,6 @@ def test_segment_stream_passes_the_order_check():
 
 
 # -- RL ---------------------------------------------------------------------------------------------------------------
-def test_unknown_env_id_lists_the_known_families():
-    envs = pytest.importorskip("onlinerec.rl.envs")
-    with pytest.raises(ValueError, match=r"unknown env id 'nosuch:env'.*atari: ALE/<Game>-v5.*memory: memory:tmaze"):
-        envs.make_vector_env("nosuch:env", 2)
-    rl = pytest.importorskip("onlinerec.rl")
-    with pytest.raises(ValueError, match=r"unknown env id"):
-        rl.RolloutDataModule("ALE-Pong", num_envs=2).env_spaces()
-
-
-def test_a_misspelt_gymnasium_id_is_a_usage_error_that_names_the_near_miss(tmp_path, capsys):
-    """gymnasium's own NameNotFound used to end `onlinerec rl` in a traceback."""
-    runner = pytest.importorskip("onlinerec.rl.runner")
-    envs = pytest.importorskip("onlinerec.rl.envs")
-    with pytest.raises(ValueError, match=r"unknown gymnasium env 'gymnasium:CartPoleNoVel-v2'.*provides.*v1"):
-        envs.make_vector_env("gymnasium:CartPoleNoVel-v2", 1)
-    out = tmp_path / "run"
-    assert runner.main(["--env", "gymnasium:CartPol-v1", "--total_frames", "8", "--out_dir", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: unknown gymnasium env") and "CartPole" in err and "Traceback" not in err
-    assert not out.exists()  # nothing written
 
 
 def test_num_actions_not_matching_the_env_is_refused():

@@ -155,7 +155,7 @@ def test_procgen_one_rand_seed_derived_like_a_stream_seed():
 
 
 def test_dmlab_streams_from_stream_seeds(monkeypatch):
-    from tests.rl.test_envs import FakeLab
+    from tests.rl.envs.stand_ins import FakeLab
 
     mod = types.ModuleType("deepmind_lab")
     mod.Lab = FakeLab

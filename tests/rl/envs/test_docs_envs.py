@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "envs.md"
+PAGE = Path(__file__).resolve().parents[3] / "docs" / "envs.md"
 
 
 def blocks(lang: str) -> list[str]:
