@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Runs the commands of a queue file (one per line), two at a time, each logging to its run folder's run.log.
-# A leading "python" runs this checkout's virtual environment's (.venv) if there is one.
+# Keeps JOBS (default 2) commands of a queue file (one per line) running, in order: a command starts when fewer than
+# JOBS runs of `onlinerec.rl.streaming.runner` are running and its --out_dir has no run.log yet (so restarting this
+# script skips what has started). Each run logs to <out_dir>/run.log. A leading "python" runs this checkout's .venv.
 set -u
 queue=${1:-experiments/streaming/queue.txt}
 jobs=${2:-2}
-python=python
-[ -x .venv/bin/python ] && python=$(pwd)/.venv/bin/python
-export PY="$python"
-grep -v '^\s*$' "$queue" | xargs -d '\n' -P "$jobs" -I{} bash -c '
-  cmd="${1/#python /$PY }"
-  out=$(sed -E "s/.*--out_dir ([^ ]+).*/\1/" <<<"$cmd")
+py=python
+[ -x .venv/bin/python ] && py=$(pwd)/.venv/bin/python
+while IFS= read -r cmd; do
+  [ -z "$cmd" ] && continue
+  out=$(sed -E 's/.*--out_dir ([^ ]+).*/\1/' <<<"$cmd")
+  [ -e "$out/run.log" ] && continue
+  while [ "$(ps -eo comm,args | awk '$1 ~ /^python/ && /onlinerec.rl.streaming.runner/' | wc -l)" -ge "$jobs" ]; do sleep 30; done
   mkdir -p "$out"
-  OMP_NUM_THREADS=1 bash -c "$cmd" > "$out/run.log" 2>&1
-  echo "$(date +%H:%M) exit $?: $out"' _ {}
+  (OMP_NUM_THREADS=1 bash -c "${cmd/#python /$py }" > "$out/run.log" 2>&1; echo "$(date +%H:%M) exit $?: $out") &
+  sleep 5
+done < "$queue"
+wait
