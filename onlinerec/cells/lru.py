@@ -143,17 +143,15 @@ def rotation_derivatives(
     rot_re, rot_im = lam_re * h_re - lam_im * h_im, lam_re * h_im + lam_im * h_re  # lambda h
     in_re, in_im = gamma * gates[:, 0], gamma * gates[:, 1]
     value = torch.stack([rot_re + in_re, rot_im + in_im], dim=1)
-    d_state = torch.stack([torch.stack([lam_re, -lam_im]), torch.stack([lam_im, lam_re])]).expand(r, -1, -1, -1)
+    d_state = torch.stack([lam_re, -lam_im, lam_im, lam_re]).view(2, 2, -1).expand(r, -1, -1, -1)
     zero = torch.zeros_like(gamma)
-    d_gates = torch.stack([torch.stack([gamma, zero]), torch.stack([zero, gamma])]).expand(r, -1, -1, -1)
+    d_gates = torch.stack([gamma, zero, zero, gamma]).view(2, 2, -1).expand(r, -1, -1, -1)
     d_nu = torch.stack([-e * rot_re, -e * rot_im], dim=1)
     if gamma_log is None:  # gamma = sqrt(1 - exp(-2 e)) depends on nu_log too
         d_nu = d_nu + (e * torch.exp(-2 * e) / gamma) * gates
-    d_params = {
-        "nu_log": d_nu,
-        "theta_log": torch.stack([-phase * rot_im, phase * rot_re], dim=1),
-        "gamma_log": torch.stack([in_re, in_im], dim=1),
-    }
+    d_params = {"nu_log": d_nu, "theta_log": torch.stack([-phase * rot_im, phase * rot_re], dim=1)}
+    if gamma_log is not None:
+        d_params["gamma_log"] = torch.stack([in_re, in_im], dim=1)
     return value, d_state, d_gates, d_params
 
 

@@ -4,7 +4,9 @@
   pass. The carry keeps S = a * S~ with a per-stream, per-unit factor a (B, N), or for units of K > 1 components a
   K x K block A (B, K, K, N) per unit (see :class:`~onlinerec.gradients.carry.Carry`), so the decay J_1 multiplies a,
   not S~. Units whose scale leaves the dtype's range, or whose block is singular or ill-conditioned, are folded into
-  S~ first. docs/performance.md#the-m--1-online-step measures the step.
+  S~ first. docs/performance.md#the-m--1-online-step measures the step. These checks read the scale on the host, so
+  the lazy scale is kept on the CPU only (:func:`scales_lazily`); on other devices the step decays the sensitivities
+  where they lie, with no host synchronisation.
 - The fully online step of a small carry (:data:`SMALL_CARRY` numbers at most), :func:`online_step`: the state and
   its exact gradient in one autograd node, the sensitivities decayed where they lie; for a few streams and units the
   general path's bookkeeping costs more than the arithmetic.
@@ -20,10 +22,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from onlinerec.cells.base import ElementwiseCell
-from onlinerec.gradients.base import project
+from onlinerec.gradients.carry import blocks_in_place_, fold_scale_
 from onlinerec.gradients.derivatives import local_derivatives, substituted
 from onlinerec.gradients.scan import Linearization, Linearizer
 
@@ -120,6 +123,16 @@ streams and units the scale's bookkeeping (its range checks, a block inverse per
 the tensors it saves (measured at B = 1, N = 64, D = 128: benchmarks/streaming.py)."""
 
 
+def scales_lazily(device: torch.device) -> bool:
+    """Whether the fully online step keeps a lazy scale on ``device``: on the CPU only.
+
+    The scale saves one pass over the sensitivities per step, but its range checks and folds decide on the host which
+    rows to fold, at every step. On a GPU that decision would wait for the device at every step (a host
+    synchronisation, which stalls the queue of kernels), so there the step decays the sensitivities where they lie
+    instead: two passes over them, and nothing read back to the host."""
+    return device.type == "cpu"
+
+
 def carry_in_place(
     tracked: list[Tracked],
     lin: Linearization,
@@ -136,8 +149,13 @@ def carry_in_place(
     makes it 0) are folded into S~ first (an index pass over those rows only). Returns S~ and a. Units of K > 1
     components keep a K x K block per unit instead of a (:func:`_carry_blocks_in_place`). Carries of at most
     :data:`SMALL_CARRY` numbers that are not scaled already are decayed directly and stay unscaled (returns S and
-    None)."""
+    None). Off the CPU (:func:`scales_lazily`) every carry is decayed directly, a scaled one (from a CPU checkpoint)
+    after its scale is folded in once."""
     dtype = next(iter(sens.values())).dtype
+    if not scales_lazily(lin.jh.device):
+        if scale is not None:
+            fold_scale_(sens.values(), scale)
+        return _carry_directly(tracked, lin, feats, sens, dtype, few_kernels=True), None
     if scale is None and sum(t.numel() for t in sens.values()) <= SMALL_CARRY:
         return _carry_directly(tracked, lin, feats, sens, dtype), None
     if lin.jh.dim() == 5:
@@ -193,8 +211,9 @@ def online_step(
     value, and the new sensitivities. ``verify(gates, value, lin)`` (RTRL's sampled check) sees the step's
     linearisation before the carry consumes it."""
     frozen = {tr.name: params[tr.name].detach() for tr in tracked}
-    with substituted(cell, frozen):
-        gates = project(cell, feats)[0]  # (B, G, N): a graph to the features only
+    # the input projection with its parameters frozen: a graph to the features only
+    weight, bias = frozen["input_proj.weight"], frozen.get("input_proj.bias")
+    gates = F.linear(feats[0], weight, bias).unflatten(-1, (cell.num_gates, cell.hidden_size))  # (B, G, N)
     with torch.no_grad():
         g = gates.detach()
         if cell.num_components == 1:
@@ -225,14 +244,24 @@ def online_step(
 
 
 def _carry_directly(
-    tracked: list[Tracked], lin: Linearization, feats: Tensor, sens: dict[str, Tensor], dtype: torch.dtype
+    tracked: list[Tracked],
+    lin: Linearization,
+    feats: Tensor,
+    sens: dict[str, Tensor],
+    dtype: torch.dtype,
+    few_kernels: bool = False,
 ) -> dict[str, Tensor]:
     """S_1 = J_1 S_0 + I_1 in place, unscaled: each sensitivity decayed by jh (a K x K block per unit for K > 1
-    components), then the immediate part added."""
+    components), then the immediate part added. ``few_kernels`` (a large carry off the CPU): K x K blocks are applied
+    by :func:`~onlinerec.gradients.carry.blocks_in_place_` in one group of streams, a few element-wise kernels with
+    K - 1 components as the only temporary, instead of a batched matmul and its copies of the whole tensor."""
     with torch.autocast(lin.jh.device.type, enabled=False):
         lin.cast_(dtype)
         jh, d_gates, d_params, c_prev, d_mixed = lin.release()
-        if jh.dim() == 5:  # (1, B, K, K, N): S_k <- sum_j J_kj S_j per unit, one batched matmul per tensor
+        if jh.dim() == 5 and few_kernels:
+            for tr in tracked:
+                blocks_in_place_(sens[tr.name], jh[0], groups=1)
+        elif jh.dim() == 5:  # (1, B, K, K, N): S_k <- sum_j J_kj S_j per unit, one batched matmul per tensor
             blocks = jh[0].permute(0, 3, 1, 2)  # (B, N, K, K)
             for tr in tracked:
                 s = sens[tr.name]

@@ -72,7 +72,9 @@ class RunningMeanStd(nn.Module):
             if float(n) == 0:
                 return
             total, squares = total.reshape(self.shape), squares.reshape(self.shape)
-        else:  # one process: the same arithmetic without packing the moments (a step's few samples, at every step)
+        elif x.shape[0] == 1:  # one sample (a streaming agent's step): x itself is the batch's sum
+            n, total, squares = 1.0, x[0], x[0] * x[0]
+        else:  # one process: the same arithmetic without packing the moments
             if x.shape[0] == 0:
                 return
             n, total, squares = float(x.shape[0]), x.sum(0), (x * x).sum(0)

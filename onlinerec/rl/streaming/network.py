@@ -66,6 +66,9 @@ class StreamNet(nn.Module):
     @torch.no_grad()
     def peek(self, obs: Tensor, carry: Carry | StackCarry | None) -> Tensor:
         """The head's output one step on from ``carry`` without moving it and without a graph (a TD target)."""
+        core = self.core
+        if isinstance(carry, Carry) and carry.window is None and not isinstance(core, CompositeCell):
+            return self.top(core.readout(core(obs, carry.c), obs))  # one cell, one input: its own single step
         keep = torch.zeros(obs.shape[0], dtype=torch.bool, device=obs.device)
         return self.step(obs, keep, None if carry is None else carry.state_only(), TBPTT())[0]
 
