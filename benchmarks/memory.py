@@ -1,6 +1,6 @@
-"""Peak memory of one core update: RTRL vs TBPTT (and, for the eLSTM, the hand-written reference), on CPU.
+"""Peak memory of one core update: RTRL vs TBPTT (and, for the eLSTM, the hand-written reference), on the CPU or a GPU.
 
-How it is measured (CPU has no ``torch.cuda.max_memory_allocated``; tracemalloc does not see torch's
+How it is measured on the CPU (which has no ``torch.cuda.max_memory_allocated``; tracemalloc does not see torch's
 allocator):
 
 - **allocator** (primary): the update runs under ``torch.profiler`` with ``profile_memory=True``. Every
@@ -14,8 +14,14 @@ allocator):
   returns it on free; the resident size then follows the live tensors instead of the allocator's cache.
   Counts pages (and Python, and allocator overhead), so it is coarser than the allocator figure.
 
+On a GPU (``--device cuda``): ``torch.cuda.max_memory_allocated`` during the update minus
+``torch.cuda.memory_allocated`` just before it, the peak statistics reset right before each measured update (the
+tensors' bytes, as the allocator figure on the CPU; no rss column).
+
 Every configuration runs in a fresh subprocess, after two untimed warm-up updates, so nothing one
-configuration leaves behind (cached blocks, lazily built state) skews another.
+configuration leaves behind (cached blocks, lazily built state) skews another. On a GPU they run in this process
+(its allocator's statistics count live tensors only, whatever is cached); ``--in-process`` does so on the CPU too,
+a shortcut for smoke runs.
 
 "carried" is the state a method keeps between updates (c, and for RTRL the sensitivities); it is live
 before the update starts, so the peak of the whole process during an update is about
@@ -32,6 +38,7 @@ Usage::
     python benchmarks/memory.py            # every core, M = segment length and M = 1
     python benchmarks/memory.py --quick    # small shapes, TBPTT and RTRL only (smoke test)
     python benchmarks/memory.py --shapes lru,stack
+    python benchmarks/memory.py --device cuda --kinds tbptt,rtrl
 
 The last line reads ``memory atari_M50=<x> atari_M1=... lru_M50=... stack_M1=...``: RTRL's peak above the start of an
 update minus TBPTT's, in units of the sensitivity bytes.
@@ -56,8 +63,8 @@ def _rss_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def worker(kind: str, cell: str, b: int, n: int, d: int, m: int, threads: int) -> dict:
-    """Runs in the subprocess: warm up, then measure one update both ways."""
+def worker(kind: str, cell: str, b: int, n: int, d: int, m: int, threads: int, device: str = "cpu") -> dict:
+    """Runs in the subprocess: warm up, then measure one update both ways (on a GPU: its allocator's peak only)."""
     import torch
 
     sys.path.insert(0, HERE)
@@ -65,8 +72,8 @@ def worker(kind: str, cell: str, b: int, n: int, d: int, m: int, threads: int) -
     from scaling import peak_above_start
 
     torch.set_num_threads(threads)
-    runner = Runner(kind, make_cell(n, d, torch.float32, 0, cell), b)
-    segs = make_segments(4, m, b, d, torch.float32, 1, start=m > 1)
+    runner = Runner(kind, make_cell(n, d, torch.float32, 0, cell, device), b)
+    segs = make_segments(4, m, b, d, torch.float32, 1, start=m > 1, device=device)
     for i in range(2):
         runner.step(*segs[i])
 
@@ -79,7 +86,9 @@ def worker(kind: str, cell: str, b: int, n: int, d: int, m: int, threads: int) -
     carried = carried_bytes()
     carried_sens = carried_sensitivity_bytes(runner)
 
-    peak_alloc = peak_above_start(runner, segs[2])  # the allocator's running total during the update
+    peak_alloc = peak_above_start(runner, segs[2], device)  # the allocator's running total during the update
+    if torch.device(device).type != "cpu":
+        return {"carried": carried, "carried_sens": carried_sens, "peak_alloc": peak_alloc, "rss_peak": None}
 
     # rss: peak resident size during one more update, minus the resident size before it
     runner.cell.zero_grad(set_to_none=True)
@@ -120,15 +129,21 @@ def main(argv: list[str] | None = None) -> None:
         "--kinds", default=None, help="methods (default: tbptt,rtrl,reference,reference-inplace; quick: tbptt,rtrl)"
     )
     ap.add_argument("--shapes", default="atari,dmlab,lru,stack", help="comma-separated subset of atari,dmlab,lru,stack")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:index]: where the updates run")
+    ap.add_argument(
+        "--in-process", action="store_true", help="measure in this process (the default on a GPU; a smoke-run shortcut)"
+    )
     ap.add_argument("--worker", nargs=6, metavar=("KIND", "CELL", "B", "N", "D", "M"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         kind, cell, *dims = args.worker
-        print(json.dumps(worker(kind, cell, *map(int, dims), args.threads)))
+        print(json.dumps(worker(kind, cell, *map(int, dims), args.threads, args.device)))
         return
 
     sys.path.insert(0, HERE)
-    from rtrl_vs_tbptt import QUICK_SHAPES, SHAPES, load
+    from rtrl_vs_tbptt import QUICK_SHAPES, SHAPES, load, resolve_device
+
+    in_process = args.in_process or resolve_device(args.device).type != "cpu"  # a clear error now, not in workers
 
     table = QUICK_SHAPES if args.quick else SHAPES
     names = [x for x in args.shapes.split(",") if x]
@@ -142,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     mib = lambda x: "-" if x is None else f"{x / 2**20:.1f}"  # noqa: E731
     print(load())
+    print(f"device: {args.device}")
     print("peak memory of one update above what was live before it (MiB); carried = state kept between updates")
     print(
         f"{'shape':<7} {'M':>4} {'method':<18} {'carried':>8} {'peak(alloc)':>12} {'peak(rss)':>10} {'carried+peak':>13} {'sens':>6}"
@@ -160,6 +176,8 @@ def main(argv: list[str] | None = None) -> None:
                     os.path.abspath(__file__),
                     "--threads",
                     str(args.threads),
+                    "--device",
+                    args.device,
                     "--worker",
                     kind,
                     cell,
@@ -168,11 +186,14 @@ def main(argv: list[str] | None = None) -> None:
                     str(d),
                     str(m),
                 ]
-                env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-                out = subprocess.run(
-                    cmd, check=True, capture_output=True, text=True, cwd=os.path.dirname(HERE), env=env
-                )
-                r = json.loads(out.stdout.strip().splitlines()[-1])
+                if in_process:
+                    r = worker(kind, cell, b, n, d, m, args.threads, args.device)
+                else:
+                    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+                    out = subprocess.run(
+                        cmd, check=True, capture_output=True, text=True, cwd=os.path.dirname(HERE), env=env
+                    )
+                    r = json.loads(out.stdout.strip().splitlines()[-1])
                 rows[kind] = r
                 if kind == "rtrl":
                     carried_sens[name] = r["carried_sens"]

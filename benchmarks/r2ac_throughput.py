@@ -40,6 +40,11 @@ Usage::
     python benchmarks/r2ac_throughput.py --quick          # smoke run (one process, 2 updates, M = 8)
     python benchmarks/r2ac_throughput.py --profile        # where R2AC's time goes (RTRL and TBPTT), see below
     python benchmarks/r2ac_throughput.py --env ALE/Pong-v5 --M 50 --threads 1 --reps 7
+    python benchmarks/r2ac_throughput.py --device cuda --configs env,r2ac-rtrl,r2ac-tbptt,recurrentppo
+
+``--device cuda`` puts R2AC (learner and actor) and RecurrentPPO on the GPU; the envs step on the CPU, and the peers
+(sample-factory, cleanrl) run on the CPU as configured. Each update's end is then marked after
+``torch.cuda.synchronize()``, so an update's time includes the device work it queued.
 
 ``--profile`` instruments one R2AC run per method (wrapping the module's act step, stem, core and V-trace, and
 timing backward with a hook at the stem) and prints the share of each phase: acting (stem, core, heads per
@@ -233,6 +238,8 @@ class Options:
     sf_splits: int = 2
     """sample-factory ``worker_num_splits``: 2 = double-buffered sampling (half a worker's envs step while the
     other half waits for actions)."""
+    device: str = "cpu"
+    """Where R2AC and RecurrentPPO learn and act: "cpu" or "cuda[:index]" (the envs and the peers stay on the CPU)."""
 
 
 @dataclass
@@ -260,14 +267,21 @@ class _Marks:
         env_seconds: Callable[[], float],
         rollout_seconds: Callable[[], float],
         cpu_seconds: Callable[[], float] = time.process_time,
+        device: str = "cpu",
     ) -> None:
         self.result, self.warmup = result, warmup
         self.env_seconds, self.rollout_seconds, self.cpu_seconds = env_seconds, rollout_seconds, cpu_seconds
+        self.device = device
         self.count = 0
         self.last: tuple[float, float, float, float] | None = None
 
     def mark(self) -> bool:
-        """End of an update (the first call: the start of the first); returns True if it was a timed one."""
+        """End of an update (the first call: the start of the first); returns True if it was a timed one. On a GPU the
+        device first finishes the work the update queued."""
+        if self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize(self.device)
         now = (time.perf_counter(), self.cpu_seconds(), self.env_seconds(), self.rollout_seconds())
         if self.last is None:
             self.last = now
@@ -313,6 +327,7 @@ def run_r2ac(
     opts: Options, method: str, profile: bool = False, nchw_stem: bool = False, async_actor: bool = False
 ) -> RunResult:
     import lightning as L
+    import torch
     from lightning.pytorch.callbacks import Callback
 
     from onlinerec import RTRLStrategy, TBPTTStrategy
@@ -368,6 +383,7 @@ def run_r2ac(
         lambda: dm.stream.env.step_seconds,
         lambda: dm.rollout_seconds,
         cpu_seconds=onlinerec_cpu_clock(opts),
+        device=opts.device,
     )
 
     class Timer(Callback):
@@ -383,10 +399,11 @@ def run_r2ac(
         probe = PhaseProbe(model, marks)
         callbacks.append(probe.callback())
     strategy = (RTRLStrategy if method == "rtrl" else TBPTTStrategy)(M=opts.M)
+    device = torch.device(opts.device)
     trainer = L.Trainer(
         strategy=strategy,
-        accelerator="cpu",
-        devices=1,
+        accelerator="gpu" if device.type == "cuda" else "cpu",
+        devices=[device.index] if device.index is not None else 1,
         max_steps=opts.warmup + opts.updates,
         logger=False,
         enable_checkpointing=False,
@@ -429,7 +446,7 @@ def run_recurrentppo(opts: Options) -> RunResult:
         batch_size=m * b,
         n_epochs=1,
         policy_kwargs=policy_kwargs,
-        device="cpu",
+        device=opts.device,
         seed=opts.seed,
         verbose=0,
     )
@@ -441,6 +458,7 @@ def run_recurrentppo(opts: Options) -> RunResult:
         lambda: venv.step_seconds,
         lambda: rollout["seconds"],
         cpu_seconds=onlinerec_cpu_clock(opts),
+        device=opts.device,
     )
 
     class Timer(BaseCallback):
@@ -967,7 +985,7 @@ def summarise(config: str, runs: list[RunResult]) -> Summary:
     )
 
 
-def machine(threads: int) -> str:
+def machine(threads: int, device: str = "cpu") -> str:
     import torch
 
     if HERE not in sys.path:
@@ -975,7 +993,7 @@ def machine(threads: int) -> str:
     from rtrl_vs_tbptt import machine as describe
 
     torch.set_num_threads(threads)
-    return f"{describe()}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}"
+    return f"{describe(device)}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}"
 
 
 def load() -> str:
@@ -1131,6 +1149,11 @@ def main(argv: list[str] | None = None) -> None:
         help="append every run's per-update samples to this file as it finishes (a long run that fails keeps them)",
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default) or cuda[:index]: where R2AC and RecurrentPPO learn and act (the envs step on the CPU)",
+    )
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker-options", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -1156,7 +1179,18 @@ def main(argv: list[str] | None = None) -> None:
         stem=args.stem,
         cleanrl_dir=os.path.abspath(cleanrl_dir) if cleanrl_dir else "",
         sf_workers=args.sf_workers,
+        device=args.device,
     )
+    if args.device != "cpu":
+        if HERE not in sys.path:
+            sys.path.insert(0, HERE)
+        from rtrl_vs_tbptt import resolve_device
+
+        resolve_device(args.device)
+        if args.profile:
+            ap.error(
+                "--profile times R2AC's phases by the host's clock, which a GPU's queued work escapes: profile on the CPU"
+            )
     if opts.warmup < 1:
         ap.error("--warmup must be >= 1 (the first update includes building the envs and the first reset)")
     reps = args.reps or (1 if q else 5)
@@ -1181,12 +1215,12 @@ def main(argv: list[str] | None = None) -> None:
             ap.error("recurrentppo needs sb3-contrib: pip install -e '.[bench]' (or leave it out with --configs)")
     python_of = {c: sf_python for c in PEERS_SF} | {c: cleanrl_python for c in PEERS_CLEANRL}
 
-    print(f"machine: {machine(opts.threads)}")
+    print(f"machine: {machine(opts.threads, opts.device)}")
     print(f"load average before: {load()}")
     print(
         f"setup: {opts.env_id}, B = {opts.num_envs} envs, M = {opts.M} steps per update ({opts.M * opts.num_envs * FRAME_SKIP} frames), "
         f"{opts.warmup} warm-up + {opts.updates} timed updates per run, {reps} interleaved runs per configuration"
-        f"{' (in process)' if in_process else ' (fresh subprocess each)'}; onlinerec Atari env: {opts.atari_backend}; R2AC stem: {opts.stem}; RecurrentPPO LSTM: {opts.ppo_lstm}"
+        f"{' (in process)' if in_process else ' (fresh subprocess each)'}; onlinerec Atari env: {opts.atari_backend}; R2AC stem: {opts.stem}; RecurrentPPO LSTM: {opts.ppo_lstm}; device: {opts.device}"
     )
     if sf_python or cleanrl_dir:
         print(f"peers: sample-factory {sf_python or '-'}; cleanrl {cleanrl_python or '-'} with {cleanrl_dir or '-'}")

@@ -29,12 +29,18 @@ Before timing, each reference's gradients are checked against onlinerec's RTRL (
 segments with resets, M > 1 and M = 1; rel. err <= 1e-10) and at the benchmark shape (float32, from a non-zero
 carry), and the donated M = 1 step against the functional one; the script exits with an error if they differ.
 
+``--device cuda`` runs everything on the GPU (checks included). Each update is then timed by CUDA events recorded
+around it after ``torch.cuda.synchronize()``, and the copy is a copy in device memory, so ``bandwidth_multiple`` is
+the M = 1 step against that device's bandwidth. On the CPU (the default) the timing is the wall clock and the process
+CPU time.
+
 Usage::
 
     python benchmarks/rtrl_vs_tbptt.py                     # full run at all cores (every shape, then the M = 1 step)
     python benchmarks/rtrl_vs_tbptt.py --threads 1,2       # both thread counts in one run (one after the other)
     python benchmarks/rtrl_vs_tbptt.py --quick             # small shapes, few repetitions (smoke test)
     python benchmarks/rtrl_vs_tbptt.py --threads 1 --reps 11 --online-reps 41
+    python benchmarks/rtrl_vs_tbptt.py --device cuda       # on a GPU
 
 The last line reads ``ratios rtrl/tbptt atari=<x> dmlab=<y> lru=<l> stack=<s> online_speedup=<z>
 inplace_ratio=<i> bandwidth_multiple=<w>``: the RTRL/TBPTT update-time ratios per core; z = the paper-style
@@ -55,6 +61,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -136,9 +143,9 @@ class ReferenceRTRL:
         e = core_output.grad
 
         grads = {
-            "W": torch.zeros(2, n, d, dtype=inputs.dtype),
-            "b": torch.zeros(2, n, dtype=inputs.dtype),
-            "w": torch.zeros(2, n, dtype=inputs.dtype),
+            "W": torch.zeros(2, n, d, dtype=inputs.dtype, device=inputs.device),
+            "b": torch.zeros(2, n, dtype=inputs.dtype, device=inputs.device),
+            "w": torch.zeros(2, n, dtype=inputs.dtype, device=inputs.device),
         }
         S_W, s_b, s_w = carry["S_W"], carry["s_b"], carry["s_w"]
         with torch.no_grad():
@@ -213,8 +220,8 @@ class CopyRunner:
 
     kind = "copy"
 
-    def __init__(self, nbytes: int) -> None:
-        self.src = torch.randn(nbytes // 4)
+    def __init__(self, nbytes: int, device: torch.device | str = "cpu") -> None:
+        self.src = torch.randn(nbytes // 4, device=device)
         self.dst = torch.empty_like(self.src).copy_(self.src)
         self.nbytes = self.src.numel() * 4
 
@@ -222,8 +229,11 @@ class CopyRunner:
         self.dst.copy_(self.src)
 
 
-def make_cell(n: int, d: int, dtype: torch.dtype, seed: int, kind: str = "elstm") -> ELSTMCell | LRUCell | Stack:
-    """The core: ``"elstm"`` (the default), ``"lru"`` or ``"stack"`` (``STACK_LAYERS`` LRU layers, residual + LayerNorm)."""
+def make_cell(
+    n: int, d: int, dtype: torch.dtype, seed: int, kind: str = "elstm", device: torch.device | str = "cpu"
+) -> ELSTMCell | LRUCell | Stack:
+    """The core: ``"elstm"`` (the default), ``"lru"`` or ``"stack"`` (``STACK_LAYERS`` LRU layers, residual + LayerNorm),
+    on ``device`` (initialised on the CPU, so every device times the same weights)."""
     torch.manual_seed(seed)
     if kind == "elstm":
         cell = ELSTMCell(d, n)
@@ -233,14 +243,22 @@ def make_cell(n: int, d: int, dtype: torch.dtype, seed: int, kind: str = "elstm"
         cell = Stack([LRUCell(d, n) for _ in range(STACK_LAYERS)], residual=True, norm="layer")
     else:
         raise ValueError(f"unknown cell {kind!r}")
-    return cell.to(dtype)
+    return cell.to(dtype=dtype, device=device)
 
 
 def make_segments(
-    count: int, m: int, b: int, d: int, dtype: torch.dtype, seed: int, reset_prob: float = 0.01, start: bool = True
+    count: int,
+    m: int,
+    b: int,
+    d: int,
+    dtype: torch.dtype,
+    seed: int,
+    reset_prob: float = 0.01,
+    start: bool = True,
+    device: torch.device | str = "cpu",
 ):
     """``count`` random segments with a ``reset_prob`` chance of an episode reset per stream and step; with ``start``
-    the first segment begins every stream (all reset at its first step)."""
+    the first segment begins every stream (all reset at its first step). Drawn on the CPU, placed on ``device``."""
     gen = torch.Generator().manual_seed(seed)
     segs = []
     for i in range(count):
@@ -248,7 +266,7 @@ def make_segments(
         reset = torch.rand(m, b, generator=gen) < reset_prob
         if i == 0 and start:
             reset[0] = True
-        segs.append((x, reset))
+        segs.append((x.to(device), reset.to(device)))
     return segs
 
 
@@ -269,14 +287,23 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def compare(
-    kind: str, n: int, d: int, b: int, m: int, segments: int, dtype: torch.dtype, tol: float, against: str = "rtrl"
+    kind: str,
+    n: int,
+    d: int,
+    b: int,
+    m: int,
+    segments: int,
+    dtype: torch.dtype,
+    tol: float,
+    against: str = "rtrl",
+    device: torch.device | str = "cpu",
 ) -> float:
     """Run onlinerec's RTRL (``against``) and another method over the same segments from the same weights; max rel.
     error of the gradients (every segment) and of the final state."""
-    cells = [make_cell(n, d, dtype, seed=3) for _ in range(2)]
+    cells = [make_cell(n, d, dtype, seed=3, device=device) for _ in range(2)]
     runners = [Runner(against, cells[0], b), Runner(kind, cells[1], b)]
     worst = 0.0
-    for x, reset in make_segments(segments, m, b, d, dtype, seed=4, reset_prob=0.1):
+    for x, reset in make_segments(segments, m, b, d, dtype, seed=4, reset_prob=0.1, device=device):
         for r in runners:
             r.step(x, reset)
         g0 = dict(cells[0].named_parameters())
@@ -286,7 +313,8 @@ def compare(
     worst = max(worst, rel_err(last["c"] if isinstance(last, dict) else last.c, runners[0].carry.c))
     if not worst <= tol:
         sys.exit(
-            f"FAIL: {kind} gradients differ from onlinerec's {against} (max rel. err {worst:.3g} > {tol:g}, {dtype}, N={n} D={d} B={b} M={m})"
+            f"FAIL: {kind} gradients differ from onlinerec's {against} (max rel. err {worst:.3g} > {tol:g}, {dtype}, "
+            f"N={n} D={d} B={b} M={m}, {device})"
         )
     return worst
 
@@ -296,10 +324,39 @@ def compare(
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class Timing:
-    median_ms: float  # wall clock
+    median_ms: float  # wall clock (CUDA: the device's time between events recorded around the update)
     min_ms: float
     cpu_ms: float  # median process CPU time (all threads): robust to waiting for a shared CPU
     reps: int
+
+
+def resolve_device(name: str) -> torch.device:
+    """``--device``: "cpu", "cuda" or "cuda:<index>"; SystemExit if torch sees no such device."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"--device {name}: torch sees no CUDA device here (torch {torch.__version__}).")
+    if device.type not in ("cpu", "cuda"):
+        sys.exit(f"--device takes cpu or cuda[:index], got {name!r}.")
+    return device
+
+
+def timed(call: Callable[[], object], device: torch.device | str = "cpu") -> tuple[float, float]:
+    """(seconds, process CPU seconds) of ``call()``. On CUDA the device first finishes what is queued
+    (``torch.cuda.synchronize``) and the seconds are those between CUDA events recorded before and after the call; on
+    the CPU, the wall clock."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        c0 = time.process_time()
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3, time.process_time() - c0
+    t0, c0 = time.perf_counter(), time.process_time()
+    call()
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def time_methods(
@@ -310,17 +367,21 @@ def time_methods(
     seed: int,
     cell: str = "elstm",
     copy_bytes: int | None = None,
+    device: torch.device | str = "cpu",
 ) -> dict[str, Timing]:
     """Interleaved repetitions (the order rotates every round), after ``warmup`` untimed updates each. ``"copy"`` among
     ``kinds`` times a copy of ``copy_bytes`` bytes. At M = 1 the segments are a stream's steps after its start (a 1 %
-    reset chance per stream and step); at M > 1 one of the four segments starts every stream."""
+    reset chance per stream and step); at M > 1 one of the four segments starts every stream. Each update is timed
+    by :func:`timed` on ``device``."""
     b, n, d, m = shape
     runners: dict[str, Runner | CopyRunner] = {}
     for k in kinds:
         runners[k] = (
-            CopyRunner(copy_bytes or 0) if k == "copy" else Runner(k, make_cell(n, d, torch.float32, seed, cell), b)
+            CopyRunner(copy_bytes or 0, device)
+            if k == "copy"
+            else Runner(k, make_cell(n, d, torch.float32, seed, cell, device), b)
         )
-    segs = make_segments(4, m, b, d, torch.float32, seed + 1, start=m > 1)
+    segs = make_segments(4, m, b, d, torch.float32, seed + 1, start=m > 1, device=device)
     for k, r in runners.items():
         for i in range(warmup):
             r.step(*segs[i % len(segs)])
@@ -330,10 +391,9 @@ def time_methods(
         order = kinds[rep % len(kinds) :] + kinds[: rep % len(kinds)]
         for k in order:
             x, reset = segs[rep % len(segs)]
-            t0, c0 = time.perf_counter(), time.process_time()
-            runners[k].step(x, reset)
-            times[k].append(time.perf_counter() - t0)
-            cpu[k].append(time.process_time() - c0)
+            wall, process = timed(lambda: runners[k].step(x, reset), device)
+            times[k].append(wall)
+            cpu[k].append(process)
     return {
         k: Timing(statistics.median(v) * 1e3, min(v) * 1e3, statistics.median(cpu[k]) * 1e3, len(v))
         for k, v in times.items()
@@ -363,7 +423,7 @@ def load() -> str:
         return "load average ?"
 
 
-def machine() -> str:
+def machine(device: torch.device | str = "cpu") -> str:
     model = platform.processor() or "?"
     try:
         with open("/proc/cpuinfo") as fh:
@@ -373,25 +433,32 @@ def machine() -> str:
                     break
     except OSError:
         pass
-    return f"{model}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads, python {platform.python_version()}"
+    gpu = ""
+    if torch.device(device).type == "cuda":
+        gpu = f"; {torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+    return (
+        f"{model}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"python {platform.python_version()}{gpu}"
+    )
 
 
-def check_all(shapes: dict, names: list[str]) -> None:
-    """The correctness gates (see the module docstring)."""
+def check_all(shapes: dict, names: list[str], device: torch.device | str = "cpu") -> None:
+    """The correctness gates (see the module docstring), on ``device``."""
     elstm = [s for s in names if shapes[s][0] == "elstm"]
     first = elstm[0] if elstm else None
     _, bb, nn_, dd, mm = shapes[first] if first else QUICK_SHAPES["atari"]
+    on = {"device": device}
     for kind in REFERENCES:
-        e64 = compare(kind, n=7, d=5, b=4, m=6, segments=4, dtype=torch.float64, tol=1e-10)
-        e64_1 = compare(kind, n=7, d=5, b=4, m=1, segments=12, dtype=torch.float64, tol=1e-10)
-        e32 = compare(kind, n=nn_, d=dd, b=bb, m=mm, segments=2, dtype=torch.float32, tol=1e-4)
-        e32_1 = compare(kind, n=nn_, d=dd, b=bb, m=1, segments=6, dtype=torch.float32, tol=1e-4)
+        e64 = compare(kind, n=7, d=5, b=4, m=6, segments=4, dtype=torch.float64, tol=1e-10, **on)
+        e64_1 = compare(kind, n=7, d=5, b=4, m=1, segments=12, dtype=torch.float64, tol=1e-10, **on)
+        e32 = compare(kind, n=nn_, d=dd, b=bb, m=mm, segments=2, dtype=torch.float32, tol=1e-4, **on)
+        e32_1 = compare(kind, n=nn_, d=dd, b=bb, m=1, segments=6, dtype=torch.float32, tol=1e-4, **on)
         print(
             f"check: {kind} gradients = onlinerec RTRL (float64 rel. err {e64:.1e}, M = 1 {e64_1:.1e}; float32 at "
             f"{first or 'quick atari'} shape {e32:.1e}, M = 1 {e32_1:.1e})"
         )
-    e64 = compare("rtrl-keep", n=7, d=5, b=4, m=1, segments=12, dtype=torch.float64, tol=1e-12)
-    e32 = compare("rtrl-keep", n=nn_, d=dd, b=bb, m=1, segments=6, dtype=torch.float32, tol=1e-5)
+    e64 = compare("rtrl-keep", n=7, d=5, b=4, m=1, segments=12, dtype=torch.float64, tol=1e-12, **on)
+    e32 = compare("rtrl-keep", n=nn_, d=dd, b=bb, m=1, segments=6, dtype=torch.float32, tol=1e-5, **on)
     print(f"check: donated (in-place) M = 1 step = functional one (float64 rel. err {e64:.1e}; float32 {e32:.1e})")
 
 
@@ -410,7 +477,7 @@ def segment_table(names: list[str], shapes: dict, nthreads: int, reps: int, args
     for s in names:
         cell, b, n, d, m = shapes[s]
         kinds = ["tbptt", "rtrl", *(REFERENCES if cell == "elstm" else ())]
-        res = time_methods(kinds, (b, n, d, m), reps, args.warmup, args.seed, cell)
+        res = time_methods(kinds, (b, n, d, m), reps, args.warmup, args.seed, cell, device=args.device)
         base, base_cpu = res["tbptt"].median_ms, res["tbptt"].cpu_ms
         for k, t in res.items():
             print(
@@ -443,7 +510,9 @@ def main(argv: list[str] | None = None) -> None:
         help="what to time: segment (one update at each shape's M), online (the M = 1 step); default both",
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:index]: where the cores run and are timed")
     args = ap.parse_args(argv)
+    args.device = resolve_device(args.device)
 
     threads = [int(t) for t in str(args.threads).split(",") if t]
     shapes = QUICK_SHAPES if args.quick else SHAPES
@@ -457,9 +526,10 @@ def main(argv: list[str] | None = None) -> None:
         if s not in shapes:
             ap.error(f"unknown shape {s!r}; choose from {sorted(shapes)}")
     torch.set_num_threads(threads[0])
-    print(f"machine: {machine()}")
+    print(f"machine: {machine(args.device)}")
+    print(f"device: {args.device}")
     print(load())
-    check_all(shapes, names)
+    check_all(shapes, names, args.device)
 
     ratios: dict[str, float] = {}
     online: dict[str, list[float]] = {"speedup": [], "inplace": [], "bandwidth": [], "floor": [], "extra": []}
@@ -484,7 +554,9 @@ def main(argv: list[str] | None = None) -> None:
             _, b, n, d, _ = shapes[s]
             nbytes = sensitivity_bytes(b, n, d)
             kinds = ["rtrl", "rtrl-keep", "reference", "reference-inplace", "tbptt", "copy"]
-            res = time_methods(kinds, (b, n, d, 1), online_reps, max(args.warmup, 3), args.seed, copy_bytes=nbytes)
+            res = time_methods(
+                kinds, (b, n, d, 1), online_reps, max(args.warmup, 3), args.seed, copy_bytes=nbytes, device=args.device
+            )
             ref, ref_cpu, cp = res["reference"].median_ms, res["reference"].cpu_ms, res["copy"].median_ms
             for k, t in res.items():
                 print(
@@ -517,7 +589,7 @@ def main(argv: list[str] | None = None) -> None:
     sens = []
     for s in names:
         cell, b, n, d, _ = shapes[s]
-        runner = Runner("rtrl", make_cell(n, d, torch.float32, 0, cell), b)
+        runner = Runner("rtrl", make_cell(n, d, torch.float32, 0, cell, args.device), b)
         carried, theory = carried_sensitivity_bytes(runner), theory_sensitivity_bytes(runner.cell, b)
         sens.append(
             f"{s} {carried / 2**20:.2f} MiB{' = theory' if carried == theory else f' != theory {theory / 2**20:.2f}'}"

@@ -12,6 +12,11 @@ base shape (default B 16, N 128, D 129, M 32) and keeps the others at the base.
   sensitivities; TBPTT carries only c): "peak" = carried + peak above start, the memory an update needs besides
   the weights and the inputs.
 
+``--device cuda`` runs the sweeps on a GPU: each update is timed by CUDA events after ``torch.cuda.synchronize()``
+(the fits then use that time: ``--time wall`` is the default there), and the peak above start is
+``torch.cuda.max_memory_allocated`` with its statistics reset before the update; the points are measured in this
+process (``--in-process``, which on the CPU is a shortcut for smoke runs).
+
 The fitted exponent of each curve is the least-squares slope of log(value) against log(swept size). The theory
 (docs/rtrl.md#complexity; eLSTM: 2 gates, element-wise recurrence): RTRL costs O(N*D) per step per stream, i.e.
 time ~ B*M*N*D per update (the input projection's FLOPs, the same order as TBPTT's forward and backward), carried
@@ -27,6 +32,7 @@ Usage::
     python benchmarks/scaling.py                       # sweeps, table, fitted exponents, docs/img/scaling.png
     python benchmarks/scaling.py --threads 1 --reps 9
     python benchmarks/scaling.py --quick               # smoke run: small sweeps, no figure unless --plot is given
+    python benchmarks/scaling.py --device cuda --sweeps B,N --plot scaling_gpu.png
 
 The last line reads ``exponents rtrl_time N=<a> D=<b> M=<c> B=<d> rtrl_mem N=... tbptt_time ... tbptt_mem ...``
 (fits over the points at or above the base).
@@ -43,7 +49,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 
 import torch
@@ -51,7 +56,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from rtrl_vs_tbptt import Runner, machine, make_cell, make_segments  # noqa: E402
+from rtrl_vs_tbptt import Runner, machine, make_cell, make_segments, resolve_device, timed  # noqa: E402
 
 BASE = {"B": 16, "N": 128, "D": 129, "M": 32}
 SWEEPS = {
@@ -102,11 +107,20 @@ def quiet_stderr():
         os.close(saved)
 
 
-def peak_above_start(runner: Runner, seg) -> int:
-    """Peak of the allocator's running total during one update (bytes), from torch.profiler's memory events."""
+def peak_above_start(runner: Runner, seg, device: torch.device | str = "cpu") -> int:
+    """Peak of the allocator's running total during one update above what was allocated before it (bytes): from
+    torch.profiler's memory events on the CPU, from ``torch.cuda.max_memory_allocated`` (its peak reset right before
+    the update) on a GPU."""
     from torch.profiler import ProfilerActivity, profile
 
     runner.cell.zero_grad(set_to_none=True)
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        runner.step(*seg)
+        torch.cuda.synchronize(device)
+        return max(0, torch.cuda.max_memory_allocated(device) - before)
     with tempfile.TemporaryDirectory() as tmp:
         with quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             runner.step(*seg)
@@ -122,10 +136,12 @@ def peak_above_start(runner: Runner, seg) -> int:
     return max([0, *totals])
 
 
-def measure(shape: dict[str, int], reps: int, warmup: int, seed: int) -> tuple[dict, dict, dict, dict]:
+def measure(
+    shape: dict[str, int], reps: int, warmup: int, seed: int, device: str = "cpu"
+) -> tuple[dict, dict, dict, dict]:
     b, n, d, m = shape["B"], shape["N"], shape["D"], shape["M"]
-    runners = {k: Runner(k, make_cell(n, d, torch.float32, seed), b) for k in METHODS}
-    segs = make_segments(4, m, b, d, torch.float32, seed + 1)
+    runners = {k: Runner(k, make_cell(n, d, torch.float32, seed, device=device), b) for k in METHODS}
+    segs = make_segments(4, m, b, d, torch.float32, seed + 1, device=device)
     for r in runners.values():
         for i in range(warmup):
             r.step(*segs[i % len(segs)])
@@ -134,14 +150,13 @@ def measure(shape: dict[str, int], reps: int, warmup: int, seed: int) -> tuple[d
     for rep in range(reps):
         for k in METHODS if rep % 2 == 0 else METHODS[::-1]:
             seg = segs[rep % len(segs)]
-            t0, c0 = time.perf_counter(), time.process_time()
-            runners[k].step(*seg)
-            times[k].append(time.perf_counter() - t0)
-            cpu[k].append(time.process_time() - c0)
+            wall, process = timed(lambda: runners[k].step(*seg), device)
+            times[k].append(wall)
+            cpu[k].append(process)
     mem, carried = {}, {}
     for k, r in runners.items():
         carried[k] = carried_bytes(r) / 2**20
-        mem[k] = carried[k] + peak_above_start(r, segs[0]) / 2**20
+        mem[k] = carried[k] + peak_above_start(r, segs[0], device) / 2**20
     med = statistics.median
     return (
         {k: 1e3 * med(v) for k, v in times.items()},
@@ -151,10 +166,11 @@ def measure(shape: dict[str, int], reps: int, warmup: int, seed: int) -> tuple[d
     )
 
 
-def measure_in_subprocess(shape: dict[str, int], reps: int, warmup: int, seed: int, threads: int):
+def measure_in_subprocess(shape: dict[str, int], reps: int, warmup: int, seed: int, threads: int, device: str = "cpu"):
     """:func:`measure` in a fresh process, so that nothing an earlier point left (cached blocks, objects awaiting the
     garbage collector) shows in the allocator's totals or the timings."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps([shape, reps, warmup, seed, threads])]
+    job = json.dumps([shape, reps, warmup, seed, threads, device])
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", job]
     out = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=REPO)
     if out.returncode != 0:
         sys.exit(f"FAIL: the worker for {shape} exited with {out.returncode}:\n{out.stderr[-3000:]}")
@@ -248,9 +264,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--time",
         choices=("cpu", "wall"),
-        default="cpu",
-        help="what the figure and the fits use: process CPU time (default; with 1 thread the work itself, robust to "
-        "waiting for a shared core) or wall-clock time",
+        default=None,
+        help="what the figure and the fits use: process CPU time (default on the CPU; with 1 thread the work itself, "
+        "robust to waiting for a shared core) or wall-clock time (default on a GPU: CUDA events' time)",
+    )
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:index]: where the updates run")
+    ap.add_argument(
+        "--in-process", action="store_true", help="measure in this process (the default on a GPU; a smoke-run shortcut)"
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -263,10 +283,14 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     if args.worker:
-        shape, reps, warmup, seed, threads = json.loads(args.worker)
+        shape, reps, warmup, seed, threads, device = json.loads(args.worker)
         torch.set_num_threads(threads)
-        print(json.dumps(measure(shape, reps, warmup, seed)))
+        print(json.dumps(measure(shape, reps, warmup, seed, device)))
         return
+    device = resolve_device(args.device)
+    in_process = args.in_process or device.type != "cpu"
+    if args.time is None:
+        args.time = "cpu" if device.type == "cpu" else "wall"
     torch.set_num_threads(args.threads)
     base = dict(QUICK_BASE if args.quick else BASE)
     if args.base:
@@ -282,13 +306,15 @@ def main(argv: list[str] | None = None) -> None:
     reps = args.reps or (3 if args.quick else 7)
     plot_path = args.plot if (args.plot or args.quick) else os.path.join(REPO, "docs", "img", "scaling.png")
 
-    print(f"machine: {machine()}")
+    print(f"machine: {machine(device)}")
+    print(f"device: {device}")
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"base shape: {' '.join(f'{k} {v}' for k, v in base.items())}; {reps} interleaved repetitions per point")
     print()
     print(
         "one update (forward + backward + carry), medians; ms = wall clock, cpu = process CPU time (ms); rtrl/tbptt and "
-        f"us/step/stream from {args.time} time; peak MiB = carried state + allocator peak above start; one process per point"
+        f"us/step/stream from {args.time} time; peak MiB = carried state + allocator peak above start; "
+        + ("all points in this process" if in_process else "one process per point")
     )
     print(
         f"{'sweep':<5} {'size':>5} {'B':>4} {'N':>5} {'D':>5} {'M':>4} {'rtrl ms':>9} {'tbptt ms':>9} {'rtrl/tbptt':>10} "
@@ -302,7 +328,12 @@ def main(argv: list[str] | None = None) -> None:
     for sweep in names if not args.replot else []:
         for size in sweeps_all[sweep]:
             shape = {**base, sweep: size}
-            wall, c, mem, carried = measure_in_subprocess(shape, reps, args.warmup, args.seed, args.threads)
+            if in_process:
+                wall, c, mem, carried = measure(shape, reps, args.warmup, args.seed, str(device))
+            else:
+                wall, c, mem, carried = measure_in_subprocess(
+                    shape, reps, args.warmup, args.seed, args.threads, str(device)
+                )
             t = c if args.time == "cpu" else wall
             p = Point(sweep, size, shape, t, c, mem, carried)
             points.append(p)
@@ -327,8 +358,9 @@ def main(argv: list[str] | None = None) -> None:
                 cells.append(f"{up:>5.2f}/{al:>5.2f} (th {THEORY[(k, q)][s]})")
             print(f"{k + ' ' + q:<12} " + " ".join(f"{c:>16}" for c in cells))
     if plot_path:
+        where = f"{args.threads} thread(s)" if device.type == "cpu" else torch.cuda.get_device_name(device)
         title = (
-            f"eLSTM core update (forward + backward + carry), {args.threads} thread(s), "
+            f"eLSTM core update (forward + backward + carry), {where}, "
             f"{'process CPU' if args.time == 'cpu' else 'wall-clock'} time\ndotted: theory slope through the base "
             "point; slopes fitted over the points at or above the base; python benchmarks/scaling.py"
         )

@@ -1,4 +1,5 @@
-"""Shared fixtures (a small float64 problem) and test-wide settings; shared helpers live in tests/helpers.py."""
+"""Shared fixtures (a small float64 problem, the device a test runs on) and test-wide settings; shared helpers live in
+tests/helpers.py."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 
 import pytest
 import torch
+
+from tests.helpers import needs_cuda
 
 os.environ.setdefault("PYTHONHASHSEED", "0")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -22,3 +25,9 @@ def problem():
     reset[9, 1] = reset[13, 2] = reset[5, 3] = reset[6, 3] = True
     weights = torch.randn(t, b, n, generator=gen, dtype=torch.float64)
     return inputs, reset, weights, d, n
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=needs_cuda)])
+def device(request) -> str:
+    """The device a test runs on: "cpu" always, "cuda" where torch sees a GPU (else that case skips)."""
+    return request.param

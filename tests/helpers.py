@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import lightning as L
+import pytest
 import torch
 
 from onlinerec import ELSTMCell, OnlineRecurrentModule
@@ -33,6 +34,22 @@ class Regressor(OnlineRecurrentModule):
 
     def segment_loss(self, outputs, segment):
         return torch.nn.functional.mse_loss(self.head(outputs), segment.targets)
+
+
+needs_cuda = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+"""The marks of a test (or a case) that runs on a CUDA device: ``pytestmark = needs_cuda``, ``pytest.param(..., marks=
+needs_cuda)``. ``python -m pytest -m cuda`` runs every such test: the ``device`` fixture's CUDA cases and the tests that
+move a run between the CPU and a GPU; without a GPU they skip."""
+
+
+def on(device: Any, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors moved to ``device`` (a test's ``device`` fixture), in order."""
+    return tuple(t.to(device) for t in tensors)
+
+
+def accelerator(device: Any) -> str:
+    """Lightning's accelerator name for a torch device: "gpu" for CUDA, else "cpu"."""
+    return "gpu" if str(device).startswith("cuda") else "cpu"
 
 
 def quiet_trainer(strategy: Any = "rtrl", **kwargs: Any) -> L.Trainer:

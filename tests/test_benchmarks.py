@@ -178,3 +178,29 @@ def test_children_cpu_counts_live_worker_processes():
     finally:
         child.kill()
         child.wait()
+
+
+def test_gpu_check_tiny_runs_the_whole_pipeline_on_the_cpu(tmp_path):
+    """``python benchmarks/gpu_check.py --device cpu --tiny``: every part (the device tests, the exactness check, the
+    three benchmarks, R2AC) runs at tiny shapes and the last line has the form a GPU run prints (timings unchecked)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "gpu_check.py"), "--device", "cpu", "--tiny"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    signed = r"(-?\d+\.\d+|nan)"
+    assert re.fullmatch(
+        rf"gpu_check device=cpu tests_passed=[1-9]\d* tests_failed=0 rtrl_equals_bptt_max_rel_err=\d\.\de-\d+ "
+        rf"rtrl_tbptt_max={NUMBER} online_step_vs_copy={NUMBER} memory_rtrl_minus_tbptt_max={signed} "
+        rf"rtrl_time_exponent_B={signed} r2ac_fps_gpu_over_cpu={NUMBER} over_budget=(none|[a-z_,0-9]+)",
+        last,
+    ), proc.stdout[-3000:]
+    assert float(re.search(r"rtrl_equals_bptt_max_rel_err=(\S+)", last).group(1)) < 1e-10
+    assert "nan" not in last.split("r2ac_fps")[0], last  # every part but R2AC (which needs ale-py) measured

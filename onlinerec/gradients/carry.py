@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,9 @@ class Carry:
     its sensitivities as S~ together with a per-stream, per-unit ``scale`` a (B, N): dc/dtheta = a[b, n] * S~[b, ..., n, :].
     With K > 1 components per unit the scale is a K x K matrix per stream and unit, A (B, K, K, N):
     dc[k]/dtheta = sum_j A[b, k, j, n] * S~[b, j, ..., n, :].
-    The decay of the sensitivities then costs a multiply of a, not a pass over S (docs/performance.md). ``sensitivities``
+    The decay of the sensitivities then costs a multiply of a, not a pass over S (docs/performance.md). Such carries
+    are made on the CPU only; on a GPU the step decays S where it lies (:func:`~onlinerec.gradients.inplace.
+    scales_lazily`), and a scaled carry that moves there is folded at its first step. ``sensitivities``
     always reads dc/dtheta: for a scaled carry it is computed (a new dict of new tensors at each access; write
     through :meth:`fold_` first to change the carried values in place). ``state_dict`` keeps S~ and a, so that
     resuming continues bit for bit.
@@ -98,12 +101,7 @@ class Carry:
         self._check_not_donated()
         self._settle()
         if self._scale is not None:
-            scale = self._scale
-            for v in self._sensitivities.values():
-                if scale.dim() == 4:  # K x K per unit
-                    blocks_in_place_(v, scale.to(v.dtype))
-                else:
-                    v.mul_(scale[:, None, :, None].to(v.dtype))
+            fold_scale_(self._sensitivities.values(), self._scale)
             self._scale = None
         return self
 
@@ -138,7 +136,8 @@ class Carry:
         return Carry(c=self.c, window=self.window)
 
     def select(self, streams: Tensor) -> Carry:
-        """The carry of the streams ``streams`` (a 1-d index tensor into the batch, in that order): new tensors, so
+        """The carry of the streams ``streams`` (a 1-d index tensor into the batch, in that order; checked against the
+        batch when it is on the CPU, where that needs no device synchronisation): new tensors, so
         an ``unroll(..., donate=True)`` may consume the result while this carry stays intact. A lazily scaled carry
         stays so (its S~ and scale are selected alike): dc/dtheta of the result is row ``streams[i]`` of this one's."""
         sens, scale = self.raw_sensitivities()
@@ -202,12 +201,17 @@ def _stream_index(streams: Tensor, batch_size: int, device: torch.device) -> Ten
             else type(streams).__name__
         )
         raise TypeError(f"select takes a 1-d integer tensor of stream indices (e.g. torch.arange(0, 2)), got {what}.")
-    if streams.numel() and (int(streams.min()) < 0 or int(streams.max()) >= batch_size):
+    # the range is checked where it costs nothing: indices on a GPU would have to be read back to the host
+    if (
+        streams.device.type == "cpu"
+        and streams.numel()
+        and (int(streams.min()) < 0 or int(streams.max()) >= batch_size)
+    ):
         raise IndexError(
             f"stream indices must lie in [0, {batch_size}) for a carry of {batch_size} streams; got "
             f"{int(streams.min())}..{int(streams.max())}."
         )
-    return streams.to(device=device, dtype=torch.int64)
+    return streams.to(device=device, dtype=torch.int64, non_blocking=True)
 
 
 def _unscaled(s: Tensor, scale: Tensor) -> Tensor:
@@ -217,12 +221,23 @@ def _unscaled(s: Tensor, scale: Tensor) -> Tensor:
     return s * scale[:, None, :, None].to(s.dtype)
 
 
-def blocks_in_place_(s: Tensor, blocks: Tensor) -> Tensor:
-    """s <- A s per stream and unit, in place: s (B, K, X, N, F), blocks A (B, K, K, N); returns s. A group of an eighth
-    of the streams at a time, so that the only temporary is a copy of K - 1 components of that group (the components
-    of a unit mix: the last one is updated where it lies, after the others have read it)."""
+def fold_scale_(tensors: Iterable[Tensor], scale: Tensor) -> None:
+    """Apply a lazy scale to the stored tensors S~ in place (S~ <- dc/dtheta): a (B, N) factor, or K x K blocks
+    (B, K, K, N) per unit."""
+    for v in tensors:
+        if scale.dim() == 4:
+            blocks_in_place_(v, scale.to(v.dtype))
+        else:
+            v.mul_(scale[:, None, :, None].to(v.dtype))
+
+
+def blocks_in_place_(s: Tensor, blocks: Tensor, groups: int = 8) -> Tensor:
+    """s <- A s per stream and unit, in place: s (B, K, X, N, F), blocks A (B, K, K, N); returns s. A group of a
+    ``groups``-th of the streams at a time, so that the only temporary is a copy of K - 1 components of that group (the
+    components of a unit mix: the last one is updated where it lies, after the others have read it); ``groups=1``
+    launches the fewest kernels."""
     b, k = blocks.shape[:2]
-    group = max(1, b // 8)
+    group = max(1, b // groups)
     p = blocks[:, :, :, None, :, None]  # (B, K, K, 1, N, 1)
     buffer = torch.empty_like(s[:group, : k - 1])  # one buffer for every group: no fresh pages to fault in per group
     for b0 in range(0, b, group):

@@ -64,8 +64,12 @@ def reference_run(cell: ElementwiseCell, inputs: Tensor, reset: Tensor, state: A
             outs.append(branch.readout(states, x))
         return torch.cat(outs, dim=-1), branches
     c, past = (None, None) if state is None else state
-    c = torch.zeros(b, *cell.state_shape, dtype=inputs.dtype) if c is None else c
-    past = [torch.zeros(b, d, dtype=inputs.dtype) for _ in range(cell.window - 1)] if past is None else past
+    c = torch.zeros(b, *cell.state_shape, dtype=inputs.dtype, device=inputs.device) if c is None else c
+    past = (
+        [torch.zeros(b, d, dtype=inputs.dtype, device=inputs.device) for _ in range(cell.window - 1)]
+        if past is None
+        else past
+    )
     states = []
     for t in range(m):
         keep = (~reset[t]).to(inputs.dtype).reshape(b, *([1] * (c.dim() - 1)))
@@ -133,8 +137,9 @@ def check_gradients(
 ) -> dict[str, float]:
     """Relative error of ``method``'s gradient (default: exact RTRL) against full BPTT, per parameter.
 
-    Runs on a float64 copy of ``cell`` over ``steps`` random steps cut into segments of ``segment`` steps, with
-    resets in the middle of some streams. For RTRL on an element-wise cell every error should be below ~1e-10.
+    Runs on a float64 copy of ``cell``, on the cell's device, over ``steps`` random steps cut into segments of
+    ``segment`` steps, with resets in the middle of some streams (drawn on the CPU, so every device checks the same
+    problem). For RTRL on an element-wise cell every error should be below ~1e-10.
     For a :class:`~onlinerec.cells.Stack` the gradient is exact only within a segment (``segment=steps``); across
     segments the errors measure the terms a stack drops (docs/concepts.md#stacked-layers).
     """
@@ -147,6 +152,8 @@ def check_gradients(
     reset = torch.rand(steps, batch_size, generator=gen) < 0.08
     reset[0] = True
     weights = torch.randn(steps, batch_size, *cell.state_shape, generator=gen, dtype=torch.float64)
+    device = next((p.device for p in cell.parameters()), torch.device("cpu"))
+    inputs, reset, weights = inputs.to(device), reset.to(device), weights.to(device)
     expected, _ = bptt_gradients(cell, inputs, reset, weights)
     got, _, _ = method_gradients(method, cell, inputs, reset, weights, segment)
     return {k: ((got[k] - v).norm() / v.norm().clamp_min(1e-300)).item() for k, v in expected.items()}

@@ -207,8 +207,9 @@ class SensitivityMethod(GradientMethod):
         e_1 = dL/dc_1 and S_1 the new carry, which already holds both the carried and the immediate part. So the
         step runs with the tracked parameters detached (the inputs still get their backprop gradient) and a
         read-out of S_1 adds the parameter gradients; the graph then does not keep the old sensitivities alive.
-        With ``donate`` the old sensitivities become the new ones in place, lazily scaled
-        (:func:`~onlinerec.gradients.inplace.carry_in_place`; by a K x K block per unit for K > 1 components)."""
+        With ``donate`` the old sensitivities become the new ones in place, lazily scaled on the CPU
+        (:func:`~onlinerec.gradients.inplace.carry_in_place`; by a K x K block per unit for K > 1 components; on other
+        devices decayed where they lie)."""
         keep = (~reset).to(inputs.dtype)
         feats, window = window_features(cell, inputs, keep, carry.window)
         if donate and self._online_ok(tracked, carry):  # a small carry: the lean step (inplace.online_step)

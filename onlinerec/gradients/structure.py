@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 __all__ = ["structural_violation"]
 
@@ -303,8 +303,8 @@ class _Tracer(TorchDispatchMode):
         """The op's arguments with every data tensor replaced by its labels (indices kept, scalars and dtypes zeroed)."""
 
         def swap(a: Any, value: Any) -> Any:
-            if a.name in _INDEX_ARGS:
-                return value
+            if a.name in _INDEX_ARGS:  # the labels live on the CPU, whatever device the cell runs on
+                return tree_map(lambda v: v.cpu() if isinstance(v, Tensor) else v, value)
             if isinstance(value, Tensor):
                 return self.get(value)[role]
             if isinstance(value, (list, tuple)) and any(isinstance(v, Tensor) for v in value):

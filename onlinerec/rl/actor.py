@@ -178,12 +178,13 @@ class RolloutStream:
         if self._last is None:
             self._last = self._first_entry()
         entries = [self._last]
+        # one batch to the device per step (copies from host memory that need not wait for the device's queue) and
+        # one back: the actions, whose copy to the host is the step's one wait for the device
+        to_device = lambda v: v.to(self.device, non_blocking=True)  # noqa: E731
         for _ in range(m):
             cur = entries[-1]
             actions, logits = self.agent.act(
-                tree_map(cur["inputs"], lambda v: v.to(self.device)),
-                cur["rewards"].to(self.device),
-                cur["reset"].to(self.device),
+                tree_map(cur["inputs"], to_device), to_device(cur["rewards"]), to_device(cur["reset"])
             )
             to_env = getattr(self.agent, "env_actions", None)
             env_actions = (to_env(actions) if to_env is not None else actions).detach().cpu()

@@ -170,7 +170,11 @@ class ExperimentConfig:
     """Save the final evaluation's episodes of stream 0 as ``eval.gif`` in the run's folder: the env's frames
     (gymnasium and MiniGrid ids get ``render_mode: rgb_array``), else its image observations."""
     accelerator: str = "auto"
-    """Lightning accelerator ("cpu", "gpu", "auto")."""
+    """Lightning accelerator ("cpu", "gpu", "auto"). On a GPU the envs still step on the CPU: each agent step moves one
+    batch of observations to the device and the actions back."""
+    devices: int | str = 1
+    """Lightning devices: how many of the accelerator's devices (or which, "0,1"; "auto"). More than one trains under
+    DDP, one process per device, each acting in envs of its own."""
     precision: str | None = None
     """Lightning precision, e.g. "bf16-mixed" (CPU and recent GPUs) or "16-mixed" (GPU); None: the Trainer's default,
     32-bit. Autocast covers the stem, core and heads; the carried sensitivities keep their dtype (docs/r2ac.md)."""

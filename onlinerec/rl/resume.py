@@ -37,6 +37,7 @@ RESUMABLE_CHANGES = frozenset(
         "progress",
         "tensorboard",
         "accelerator",
+        "devices",
         "loggers",
         "eval_video",
     }

@@ -130,7 +130,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
         strategy=strategy,
         accelerator=cfg.accelerator,
         precision=cfg.precision,
-        devices=1,
+        devices=cfg.devices,
         max_steps=updates,
         logger=loggers,
         callbacks=callbacks,

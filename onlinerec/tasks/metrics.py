@@ -69,7 +69,7 @@ class TokenAccuracy(Metric):
 
     def update(self, preds: Tensor, target: Tensor, **_: object) -> None:
         keep = self.scored(target)
-        self.correct += (_labels(preds, target) == target)[keep].sum()
+        self.correct += ((_labels(preds, target) == target) & keep).sum()  # a mask, not an index: no device sync
         self.total += keep.sum()
 
     def compute(self) -> Tensor:

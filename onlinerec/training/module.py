@@ -80,6 +80,19 @@ class OnlineRecurrentModule(L.LightningModule):
         self._checked_loaders: int | None = None  # id of the training loader(s) check_stream_order last passed
         self._current_stream: str | None = None
         self._ranks_checked = False  # once per fit: DDP ranks must not all train on the same streams
+        self._order_checked = False  # the training batch's stream order was checked on the host, before its transfer
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        """``.to()``, ``.cuda()``, ``.cpu()``: the carried states (not buffers: each rank keeps its own) follow the
+        cell's parameters (a feed-forward model's) to their device. Their dtype stays (the sensitivities may be kept
+        wider than the weights)."""
+        out = super()._apply(fn, recurse)
+        carries = self.__dict__.get("_carries")
+        cell = self.__dict__.get("_modules", {}).get("cell")
+        param = next((cell if cell is not None else self).parameters(), None)
+        if carries and param is not None:
+            self._carries = {k: v if v.device == param.device else v.to(param.device) for k, v in carries.items()}
+        return out
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
@@ -237,7 +250,9 @@ class OnlineRecurrentModule(L.LightningModule):
             )
         if stream == "train":
             self._check_steps(segment)
-            self._continuity.check(segment, continuing="train" in self._carries)
+            if not self._order_checked:  # else the strategy had it checked on the host (_check_order_on_host)
+                self._continuity.check(segment, continuing="train" in self._carries)
+            self._order_checked = False
             if not self._ranks_checked and not segment.distinct_per_rank:
                 self._ranks_checked = True
                 check_ranks_differ(segment)
@@ -313,6 +328,14 @@ class OnlineRecurrentModule(L.LightningModule):
             return
         check_stream_order(trainer)
         self._checked_loaders = id(loaders)
+
+    def _check_order_on_host(self, batch: Any) -> None:
+        """A training segment's stream order (:class:`~onlinerec.training.stream_order.ContinuityCheck`), checked
+        while its sequence ids are still on the host (onlinerec's strategies call this before the batch moves to the
+        device): on a GPU the same check would wait for the device."""
+        if isinstance(batch, Segment):
+            self._continuity.check(batch, continuing="train" in self._carries)
+            self._order_checked = True
 
     @override
     def configure_callbacks(self) -> list[Callback]:

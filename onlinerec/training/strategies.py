@@ -106,6 +106,16 @@ class OnlineStrategy(DDPStrategy):
             Strategy.setup(self, trainer)
 
     @override
+    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
+        """Before a training batch moves to the device, the module checks its stream order on the host (no wait for
+        the device, as the same check on the moved batch would need)."""
+        model = self.lightning_module
+        trainer = getattr(model, "_trainer", None)
+        if trainer is not None and trainer.training and hasattr(model, "_check_order_on_host"):
+            model._check_order_on_host(batch)
+        return super().batch_to_device(batch, device, dataloader_idx)
+
+    @override
     def _setup_model(self, model: Module) -> Module:
         return super()._setup_model(model) if self.world_size > 1 else model
 

@@ -118,19 +118,20 @@ def test_every_builtin_cell_has_a_name():
 
 
 @pytest.mark.parametrize("name", ["elstm", "qrnn", "sru", "lru", "mingru", "minlstm", "indrnn"])
-def test_check_gradients_passes_for_every_elementwise_builtin_cell(name):
+def test_check_gradients_passes_for_every_elementwise_builtin_cell(name, device):
+    """RTRL against full BPTT in float64 (check_gradients runs on the cell's device)."""
     from onlinerec.cells import make_cell
 
-    errors = check_gradients(make_cell(name, 3, 5))
+    errors = check_gradients(make_cell(name, 3, 5).to(device))
     assert max(errors.values()) < 1e-10, errors
 
 
 @pytest.mark.parametrize("name", ["lstm", "gru", "felstm"])
-def test_check_gradients_of_fully_recurrent_cells_within_one_segment(name):
+def test_check_gradients_of_fully_recurrent_cells_within_one_segment(name, device):
     """RTRL refuses them; SnAP-1 and TBPTT are exact backprop within a segment."""
     from onlinerec.cells import make_cell
 
-    cell = make_cell(name, 3, 5)
+    cell = make_cell(name, 3, 5).to(device)
     for method in (SnAP(), TBPTT()):
         errors = check_gradients(cell, method, steps=20, segment=20)
         assert max(errors.values()) < 1e-10, (method, errors)

@@ -13,7 +13,7 @@ from onlinerec import RTRL, TBPTT, NotElementwiseError, RTUCell, SnAP, check_gra
 from onlinerec.cells import CELLS, Stack, build_cell_spec, cell_spec, make_cell
 from onlinerec.gradients import derivatives, elementwise
 from onlinerec.gradients.check import bptt_gradients, method_gradients, stepwise, truncated_gradients
-from tests.helpers import TINY_RL, rel_err
+from tests.helpers import TINY_RL, on, rel_err
 
 VARIANTS = {
     "linear-relu": {},
@@ -44,10 +44,10 @@ def state_weights(problem, cell):
 @pytest.mark.parametrize("carry", ["batched", "stepwise"])
 @pytest.mark.parametrize("seg_len", [1, 4, 7])  # 7 does not divide T = 23; resets fall inside segments
 @pytest.mark.parametrize("kwargs", VARIANTS.values(), ids=VARIANTS.keys())
-def test_rtrl_equals_full_bptt(kwargs, seg_len, carry, problem):
+def test_rtrl_equals_full_bptt(kwargs, seg_len, carry, problem, device):
     inputs, reset, _, d, n = problem
-    cell = make(d, n, **kwargs)
-    weights = state_weights(problem, cell)
+    cell = make(d, n, **kwargs).to(device)
+    inputs, reset, weights = on(device, inputs, reset, state_weights(problem, cell))
     expected, x_expected = bptt_gradients(cell, inputs, reset, weights)
     method = RTRL() if carry == "batched" else stepwise(RTRL())
     got, x_got, _ = method_gradients(method, cell, inputs, reset, weights, seg_len)

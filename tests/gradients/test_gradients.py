@@ -1,4 +1,5 @@
-"""Every method on every cell against autograd references in float64 (cell-specific checks: tests/cells)."""
+"""Every method on every cell against autograd references in float64, on every device (cell-specific checks:
+tests/cells)."""
 
 from __future__ import annotations
 
@@ -7,24 +8,25 @@ import torch
 
 from onlinerec import RTRL, TBPTT, ELSTMCell, FELSTMCell, QRNNCell, SnAP, SRUCell
 from onlinerec.gradients.check import bptt_gradients, method_gradients, reference_states, stepwise, truncated_gradients
-from tests.helpers import rel_err
+from tests.helpers import on, rel_err
 
 ELEMENTWISE = [ELSTMCell, QRNNCell, SRUCell]
 ALL_CELLS = [*ELEMENTWISE, FELSTMCell]
 SEGMENT_LENGTHS = [1, 4, 7]  # 7 does not divide T = 23
 
 
-def make(cls, d, n, seed=0):
+def make(cls, d, n, seed=0, device="cpu"):
     torch.manual_seed(seed)
-    return cls(d, n).double()
+    return cls(d, n).double().to(device)
 
 
 @pytest.mark.parametrize("carry", ["batched", "stepwise"])
 @pytest.mark.parametrize("seg_len", SEGMENT_LENGTHS)
 @pytest.mark.parametrize("cls", ELEMENTWISE)
-def test_rtrl_equals_full_bptt(cls, seg_len, carry, problem):
+def test_rtrl_equals_full_bptt(cls, seg_len, carry, problem, device):
     inputs, reset, weights, d, n = problem
-    cell = make(cls, d, n)
+    inputs, reset, weights = on(device, inputs, reset, weights)
+    cell = make(cls, d, n, device=device)
     expected, _ = bptt_gradients(cell, inputs, reset, weights)
     method = RTRL() if carry == "batched" else stepwise(RTRL())
     got, _, _ = method_gradients(method, cell, inputs, reset, weights, seg_len)
@@ -34,9 +36,10 @@ def test_rtrl_equals_full_bptt(cls, seg_len, carry, problem):
 
 
 @pytest.mark.parametrize("cls", ALL_CELLS)
-def test_tbptt_equals_truncated_backprop(cls, problem):
+def test_tbptt_equals_truncated_backprop(cls, problem, device):
     inputs, reset, weights, d, n = problem
-    cell = make(cls, d, n)
+    inputs, reset, weights = on(device, inputs, reset, weights)
+    cell = make(cls, d, n, device=device)
     seg = 4
     expected = truncated_gradients(cell, inputs, reset, weights, seg)
     got, _, _ = method_gradients(TBPTT(), cell, inputs, reset, weights, seg)
@@ -47,9 +50,10 @@ def test_tbptt_equals_truncated_backprop(cls, problem):
 
 
 @pytest.mark.parametrize("cls", ELEMENTWISE)
-def test_snap_equals_rtrl_on_elementwise_cells(cls, problem):
+def test_snap_equals_rtrl_on_elementwise_cells(cls, problem, device):
     inputs, reset, weights, d, n = problem
-    cell = make(cls, d, n)
+    inputs, reset, weights = on(device, inputs, reset, weights)
+    cell = make(cls, d, n, device=device)
     rtrl, _, _ = method_gradients(RTRL(), cell, inputs, reset, weights, 5)
     snap, _, _ = method_gradients(SnAP(), cell, inputs, reset, weights, 5)
     for name in rtrl:
@@ -57,10 +61,11 @@ def test_snap_equals_rtrl_on_elementwise_cells(cls, problem):
 
 
 @pytest.mark.parametrize("cls", ALL_CELLS)
-def test_snap_equals_bptt_on_one_step_sequences(cls, problem):
+def test_snap_equals_bptt_on_one_step_sequences(cls, problem, device):
     inputs, _, weights, d, n = problem
-    cell = make(cls, d, n)
-    reset = torch.ones(inputs.shape[:2], dtype=torch.bool)  # every step starts a new one-step sequence
+    inputs, weights = on(device, inputs, weights)
+    cell = make(cls, d, n, device=device)
+    reset = torch.ones(inputs.shape[:2], dtype=torch.bool, device=device)  # every step starts a one-step sequence
     expected, _ = bptt_gradients(cell, inputs, reset, weights)
     got, _, _ = method_gradients(SnAP(), cell, inputs, reset, weights, 1)
     for name in expected:
@@ -145,9 +150,10 @@ def test_snap_on_felstm_matches_hand_derived_reference(seg_len, problem):
 
 @pytest.mark.parametrize("method", [RTRL(), SnAP()], ids=["rtrl", "snap"])
 @pytest.mark.parametrize("cls", ELEMENTWISE)
-def test_batched_carry_equals_stepwise_recursion(cls, method, problem):
+def test_batched_carry_equals_stepwise_recursion(cls, method, problem, device):
     inputs, reset, weights, d, n = problem
-    cell = make(cls, d, n)
+    inputs, reset, weights = on(device, inputs, reset, weights)
+    cell = make(cls, d, n, device=device)
     _, _, fast = method_gradients(method, cell, inputs, reset, weights, 7)
     _, _, slow = method_gradients(stepwise(method), cell, inputs, reset, weights, 7)
     assert fast.sensitivities.keys() == slow.sensitivities.keys()

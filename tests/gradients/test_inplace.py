@@ -1,6 +1,7 @@
 """The in-place fully online step: ``unroll(..., donate=True)`` at M = 1 updates the carried
-sensitivities in place, lazily scaled (docs/performance.md#the-m--1-online-step), and gives the gradients and
-sensitivities of the functional step, which leaves the old carry intact."""
+sensitivities in place, lazily scaled on the CPU and decayed where they lie on a GPU
+(docs/performance.md#the-m--1-online-step), and gives the gradients and sensitivities of the functional step, which
+leaves the old carry intact."""
 
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ from onlinerec import RTRL, TBPTT, ELSTMCell, FELSTMCell, QRNNCell, SnAP, SRUCel
 from onlinerec.cells import GRUCell, IndRNNCell, LRUCell, MinGRUCell, MinLSTMCell, RTUCell, Stack
 from onlinerec.gradients.carry import Carry, StackCarry, load_carry
 from onlinerec.gradients.check import bptt_gradients, stepwise
-from tests.helpers import Regressor, quiet_trainer, rel_err
+from tests.helpers import Regressor, on, quiet_trainer, rel_err
 
 K1_CELLS = [ELSTMCell, QRNNCell, SRUCell, IndRNNCell, MinGRUCell, MinLSTMCell]
 
 
-def make(cls, d, n, seed=0):
+def make(cls, d, n, seed=0, device="cpu"):
     torch.manual_seed(seed)
-    return cls(d, n).double()
+    return cls(d, n).double().to(device)
 
 
 def run(method, cell, inputs, reset, weights, seg_len, donate):
@@ -64,19 +65,27 @@ def assert_same_run(a, b, tol=1e-12):
             assert rel_err(sb[name], sa[name]) <= tol, name
 
 
+def assert_adds_up_to_full_bptt(cell, grads, inputs, reset, weights):
+    """The per-segment gradients add up to the full-BPTT gradient of the whole sequence."""
+    w = weights.unsqueeze(-2) if cell.num_components > 1 else weights
+    expected, _ = bptt_gradients(cell, inputs, reset, w)
+    total = {k: sum(g[k] for g in grads) for k in expected}
+    for name in expected:
+        assert rel_err(total[name], expected[name]) <= 1e-10, name
+
+
 @pytest.mark.parametrize("method", [RTRL(), SnAP()], ids=repr)
 @pytest.mark.parametrize("cls", K1_CELLS)
-def test_donated_online_step_equals_the_functional_one_and_full_bptt(cls, method, problem):
+def test_donated_online_step_equals_the_functional_one_and_full_bptt(cls, method, problem, device):
     inputs, reset, weights, d, n = problem
-    cell = make(cls, d, n)
+    inputs, reset, weights = on(device, inputs, reset, weights)
+    cell = make(cls, d, n, device=device)
     kept = run(method, cell, inputs, reset, weights, 1, donate=False)
     donated = run(method, cell, inputs, reset, weights, 1, donate=True)
     assert_same_run(kept, donated)
-    assert donated[2].scale is not None and kept[2].scale is None  # the donated carry is lazily scaled
-    expected, _ = bptt_gradients(cell, inputs, reset, weights)
-    total = {k: sum(g[k] for g in donated[0]) for k in expected}  # per-step gradients add up to full BPTT
-    for name in expected:
-        assert rel_err(total[name], expected[name]) <= 1e-10, name
+    assert kept[2].scale is None  # the donated carry is lazily scaled on the CPU, decayed where it lies elsewhere
+    assert (donated[2].scale is not None) == inplace.scales_lazily(torch.device(device))
+    assert_adds_up_to_full_bptt(cell, donated[0], inputs, reset, weights)
 
 
 @pytest.mark.parametrize("method", [RTRL(), SnAP()], ids=repr)
@@ -90,10 +99,7 @@ def test_a_small_donated_carry_is_decayed_directly_and_equals_the_lazy_one(cls, 
     direct = run(method, cell, inputs, reset, weights, 1, donate=True)
     assert lazy[2].scale is not None and direct[2].scale is None
     assert_same_run(lazy, direct)
-    expected, _ = bptt_gradients(cell, inputs, reset, weights.unsqueeze(-2) if cell.num_components > 1 else weights)
-    total = {k: sum(g[k] for g in direct[0]) for k in expected}
-    for name in expected:
-        assert rel_err(total[name], expected[name]) <= 1e-10, name
+    assert_adds_up_to_full_bptt(cell, direct[0], inputs, reset, weights)
 
 
 def test_donated_step_equals_the_stepwise_reference(problem):
@@ -204,27 +210,57 @@ def test_mixed_segment_lengths_after_donated_steps(seg_lens, cls, problem):
     assert_same_run(run_mixed(False), run_mixed(True))
 
 
-def test_units_of_two_components_are_scaled_by_blocks_and_fully_recurrent_cells_in_place(problem):
-    """K > 1 (LRU): the donated online step keeps S = A S~ with a K x K block per unit (no pass over S for the decay);
-    SnAP on fully recurrent cells (its carry is not the gradient: no lazy scale) updates the carry in place. Same
-    results as the functional step, and the donated tensors are the old ones."""
+def test_units_of_two_components_are_scaled_by_blocks_and_fully_recurrent_cells_in_place(problem, device):
+    """K > 1 (LRU): the donated online step keeps S = A S~ with a K x K block per unit (no pass over S for the decay;
+    on a GPU it decays S by the blocks where it lies); SnAP on fully recurrent cells (its carry is not the gradient:
+    no lazy scale) updates the carry in place. Same results as the functional step, and the donated tensors are the
+    old ones."""
     inputs, reset, weights, d, n = problem
+    inputs, reset, weights = on(device, inputs, reset, weights)
+    lazy = inplace.scales_lazily(torch.device(device))
     for cls, method in ((LRUCell, RTRL()), (LRUCell, SnAP()), (FELSTMCell, SnAP()), (GRUCell, SnAP())):
-        cell = make(cls, d, n)
+        cell = make(cls, d, n, device=device)
         kept = run(method, cell, inputs, reset, weights, 1, donate=False)
         donated = run(method, cell, inputs, reset, weights, 1, donate=True)
         assert_same_run(kept, donated)
-        if cls is LRUCell:  # element-wise: SnAP-1 is exact there too, so its carry is scaled alike
+        if cls is LRUCell and lazy:  # element-wise: SnAP-1 is exact there too, so its carry is scaled alike
             assert donated[2].scale.shape == (inputs.shape[1], 2, 2, n), cls.__name__
         else:
             assert donated[2].scale is None, cls.__name__
-    cell, method = make(LRUCell, d, n), RTRL()
+    cell, method = make(LRUCell, d, n, device=device), RTRL()
     carry = method.init_carry(cell, inputs.shape[1])
     storage = {k: v.data_ptr() for k, v in carry.raw_sensitivities()[0].items()}
     for t in range(3):
         states, carry = method.unroll(cell, inputs[t : t + 1], reset[t : t + 1], carry, donate=True)
         states.sum().backward()
     assert {k: v.data_ptr() for k, v in carry.raw_sensitivities()[0].items()} == storage
+
+
+class _LazyFor:
+    """``inplace.scales_lazily`` as on a CPU for the first ``steps`` steps, then as on a GPU."""
+
+    def __init__(self, steps: int) -> None:
+        self.left = steps
+
+    def __call__(self, device: torch.device) -> bool:
+        self.left -= 1
+        return self.left >= 0
+
+
+@pytest.mark.parametrize("cls", [ELSTMCell, LRUCell, RTUCell])  # a (B, N) scale; K x K blocks (B, K, K, N)
+def test_off_the_cpu_the_step_decays_in_place_and_a_scaled_carry_is_folded_first(cls, problem, monkeypatch):
+    """Where the lazy scale's host-side checks would wait for the device (a GPU: inplace.scales_lazily), the step
+    decays the donated sensitivities where they lie; a carry scaled on the CPU (a resumed checkpoint) is folded at
+    its first step there. Both runs equal the functional one and add up to full BPTT."""
+    inputs, reset, weights, d, n = problem
+    cell = make(cls, d, n)
+    kept = run(RTRL(), cell, inputs, reset, weights, 1, donate=False)
+    for first_lazy_steps in (0, 7):
+        monkeypatch.setattr(inplace, "scales_lazily", _LazyFor(first_lazy_steps))
+        donated = run(RTRL(), cell, inputs, reset, weights, 1, donate=True)
+        assert donated[2].scale is None
+        assert_same_run(kept, donated)
+    assert_adds_up_to_full_bptt(cell, donated[0], inputs, reset, weights)
 
 
 @pytest.mark.parametrize("bound", ["condition", "range"])
@@ -376,11 +412,7 @@ def test_donated_segments_equal_the_functional_ones_and_full_bptt(cls, problem):
     kept = run(RTRL(), cell, inputs, reset, weights, 5, donate=False)
     donated = run(RTRL(), cell, inputs, reset, weights, 5, donate=True)
     assert_same_run(kept, donated)
-    w = weights.unsqueeze(-2) if cell.num_components > 1 else weights
-    expected, _ = bptt_gradients(cell, inputs, reset, w)
-    total = {k: sum(g[k] for g in donated[0]) for k in expected}
-    for name in expected:
-        assert rel_err(total[name], expected[name]) <= 1e-10, name
+    assert_adds_up_to_full_bptt(cell, donated[0], inputs, reset, weights)
 
 
 @pytest.mark.parametrize("cls", [ELSTMCell, LRUCell, RTUCell])

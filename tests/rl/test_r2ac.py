@@ -56,6 +56,30 @@ def test_fit_each_strategy(strategy, cell):
     assert dm.frames == 3 * M * B == tr.callback_metrics["frames"]
 
 
+def test_a_short_training_runs_on_the_device(device, tmp_path, monkeypatch):
+    """``onlinerec rl --accelerator ... --devices 1`` trains R2AC on that device: the learner and the actor run there
+    with their carried states (the envs step on the CPU), and the run finishes with its evaluation."""
+    from onlinerec.rl.experiment import parse_experiment
+    from onlinerec.rl.runner import run_experiment
+    from tests.helpers import TINY_RL, accelerator
+
+    seen = {}
+    fit = L.Trainer.fit
+
+    def watched_fit(self, model, *args, **kwargs):
+        out = fit(self, model, *args, **kwargs)
+        seen["model"], seen["carries"] = model.device, {k: c.device for k, c in model._carries.items()}
+        return out
+
+    monkeypatch.setattr(L.Trainer, "fit", watched_fit)
+    args = [*TINY_RL, "--env", "memory:tmaze", "--env_kwargs", "{length: 3}", "--stem", "mlp", "--total_frames", "24"]
+    args += ["--eval_episodes", "2", "--accelerator", accelerator(device), "--devices", "1"]
+    result = run_experiment(parse_experiment([*args, "--out_dir", str(tmp_path / "run")]))
+    assert result["updates"] == 3 and len(result["eval"]["returns"]) == 2
+    assert seen["model"].type == device
+    assert set(seen["carries"]) >= {"train", "act"} and {d.type for d in seen["carries"].values()} == {device}
+
+
 def test_custom_cell_instance_and_size_check():
     model = R2AC(2, (4,), cell=QRNNCell(9, 8), hidden_size=8, stem="mlp", fc_size=8)
     trainer(RTRLStrategy(M=M), 1).fit(model, RolloutDataModule(**ENV))

@@ -17,7 +17,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from onlinerec import ELSTMCell, OnlineRecurrentModule, RTRLStrategy, Segment, SnAPStrategy, TBPTTStrategy
 from onlinerec.data.stream import SegmentStream
 from onlinerec.training.checkpoint import AtomicCheckpointIO, atomic_torch_save, load_checkpoint_file
-from tests.helpers import Regressor, quiet_trainer
+from tests.helpers import Regressor, accelerator, needs_cuda, quiet_trainer
 
 M = 4
 
@@ -272,3 +272,70 @@ def test_resume_r2ac_restores_carried_state_counters_optimizer_and_scheduler(tmp
     assert seen["scheduler"]["last_epoch"] == 4 and seen["lr"] == pytest.approx(first.config.lr * (1 - 4 / 10))
     assert t2.global_step == 6 and dm.frames == 6 * M * 3
     assert all(torch.isfinite(p).all() for p in second.parameters())
+
+
+# -- across devices -----------------------------------------------------------------------------------------------
+def _segments_of(m: int):
+    def make(epoch: int):
+        gen = torch.Generator().manual_seed(epoch)
+        for _ in range(24 // m):
+            x = torch.randn(m, 3, 2, generator=gen)
+            reset = torch.rand(m, 3, generator=gen) < 0.15
+            yield Segment(x, reset, x.cumsum(0)[..., :1])
+
+    return make
+
+
+@pytest.mark.parametrize("m", [M, 1], ids=["M4", "M1"])
+@pytest.mark.parametrize(
+    "saved_on, resumed_on",
+    [pytest.param("cuda", "cpu", marks=needs_cuda), pytest.param("cpu", "cuda", marks=needs_cuda)],
+    ids=["gpu-to-cpu", "cpu-to-gpu"],
+)
+def test_resume_across_devices_restores_the_run_bit_for_bit_in_float64(tmp_path, monkeypatch, saved_on, resumed_on, m):
+    """A checkpoint written on a GPU resumes on the CPU and the other way round: the weights and the carried state
+    (RTRL's sensitivities; at M = 1 on the CPU, lazily scaled) arrive bit for bit in float64, on the resuming device;
+    training then goes on as it does on the saving device (to rounding: the devices' kernels differ)."""
+    from onlinerec.gradients import inplace
+
+    monkeypatch.setattr(inplace, "SMALL_CARRY", 0)  # this carry is small: scale it lazily on the CPU all the same
+    seen = {}
+
+    class Capture(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            carry = pl_module.carry("train")
+            seen["device"] = carry.device
+            seen["carry"] = copy.deepcopy(carry.to("cpu").state_dict())  # training goes on in place
+            seen["weights"] = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
+
+    def run(device, max_steps, ckpt=None, callbacks=()):
+        torch.manual_seed(0)
+        model = Regressor()
+        t = trainer(
+            max_steps,
+            RTRLStrategy(M=m),
+            precision="64-true",
+            accelerator=accelerator(device),
+            callbacks=list(callbacks),
+        )
+        t.fit(model, SegmentStream(_segments_of(m)), ckpt_path=ckpt)
+        return model, t
+
+    saved, t = run(saved_on, 6)
+    t.save_checkpoint(tmp_path / "saved.ckpt")
+    resumed, _ = run(resumed_on, 10, ckpt=tmp_path / "saved.ckpt", callbacks=[Capture()])
+    reference, _ = run(saved_on, 10, ckpt=tmp_path / "saved.ckpt")
+
+    assert seen["device"].type == resumed_on
+    for name, value in saved.state_dict().items():
+        torch.testing.assert_close(seen["weights"][name], value.cpu(), rtol=0, atol=0, msg=name)
+    carry = copy.deepcopy(saved.carry("train").to("cpu").state_dict())
+    assert ("scale" in carry) == (m == 1 and saved_on == "cpu")  # a lazy scale crosses to the GPU as it is
+    for key in ("c", "scale"):
+        if key in carry:
+            torch.testing.assert_close(seen["carry"][key], carry[key], rtol=0, atol=0, msg=key)
+    for name, s in carry["sensitivities"].items():
+        torch.testing.assert_close(seen["carry"]["sensitivities"][name], s, rtol=0, atol=0, msg=name)
+    for (name, a), b in zip(reference.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(b.cpu(), a.cpu(), rtol=1e-9, atol=1e-12, msg=name)
+    assert resumed.carry("train").device.type == resumed_on

@@ -106,7 +106,8 @@ class StreamAC(nn.Module):
         """One raw observation as the networks read it, (1, D): folded into the running statistics, then
         normalised by them (``obs_norm``)."""
         device = self.running_return.device
-        x = torch.as_tensor(obs, device=device).reshape(1, self.obs_size).float()
+        # a copy from pageable host memory that does not wait for the device's queue (the source is staged first)
+        x = torch.as_tensor(obs).to(device, non_blocking=True).reshape(1, self.obs_size).float()
         if self.obs_norm is None:
             return x
         self.obs_norm.update(x)
@@ -115,7 +116,7 @@ class StreamAC(nn.Module):
     def act(self, x: Tensor, reset: bool) -> Tensor:
         """Sample an action for observation x (1, D) (``reset``: the first step of an episode) and keep what
         :meth:`learn` needs. Returns the action as the env takes it, (1, ...)."""
-        flag = torch.tensor([reset], device=x.device)
+        flag = torch.full((1,), bool(reset), device=x.device)  # filled on the device: no copy from the host
         params, self.carries["actor"] = self.actor.step(x, flag, self.carries["actor"], self.method)
         value, self.carries["critic"] = self.critic.step(x, flag, self.carries["critic"], self.method)
         head = self.actor.head
@@ -141,7 +142,7 @@ class StreamAC(nn.Module):
         self._pending = None
         cfg, head = self.config, self.actor.head
         with torch.no_grad():
-            target = torch.as_tensor(self._scaled(reward, terminated), dtype=value.dtype, device=value.device)
+            target = self._scaled(reward, terminated, value)
             if not terminated and x_next is not None:
                 target = target + cfg.discount * self.critic.peek(x_next, self.carries["critic"])[0, 0]
             delta = target - value.detach()[0]
@@ -154,14 +155,16 @@ class StreamAC(nn.Module):
         return delta
 
     @torch.no_grad()
-    def _scaled(self, reward: float, terminated: bool) -> float:
+    def _scaled(self, reward: float, terminated: bool, like: Tensor) -> Tensor:
         """The reward divided by the running std of the discounted return (``reward_norm``; the return is carried
-        through time limits and restarts at terminations)."""
+        through time limits and restarts at terminations), as a 0-d tensor of ``like``'s dtype and device, computed
+        there (nothing is read back to the host)."""
         if self.return_norm is None:
-            return float(reward)
-        self.running_return.mul_(self.config.discount * (1.0 - float(terminated))).add_(reward)
+            return like.new_full((), float(reward))
+        self.running_return.mul_(self.config.discount * (1.0 - float(terminated))).add_(float(reward))
         self.return_norm.update(self.running_return)
-        return float(reward) / float(self.return_norm.std)
+        std = self.return_norm.std
+        return torch.full_like(std, float(reward)).div_(std).to(like.dtype)
 
     def export(self, path: Any, *, output: str = "action", greedy: bool = True):
         """The policy as one TorchScript file (:func:`~onlinerec.rl.streaming.policy.export_stream_policy`)."""

@@ -73,7 +73,7 @@ def run_stream(cfg: StreamExperiment) -> dict[str, Any]:
     )
     frames, episodes, returns = 0, 0, deque(maxlen=cfg.return_window)
     if resuming:
-        saved = load_checkpoint_file(ckpt_path)
+        saved = load_checkpoint_file(ckpt_path, map_location="cpu")  # loaded into the agent wherever it is
         agent.load_state_dict(saved["agent"])
         agent.load_learner_state(saved["learner"])
         torch.set_rng_state(saved["rng"])
@@ -150,7 +150,7 @@ def load_agent(run_dir: str | Path, checkpoint: str = "final"):
         observation_space, action_space, cfg.stream, cell=cfg.cell, hidden_size=cfg.hidden_size, layers=cfg.layers,
         cell_kwargs=dict(cfg.cell_kwargs), method=cfg.method,
     )  # fmt: skip
-    saved = load_checkpoint_file(run_dir / "checkpoints" / f"{checkpoint}.ckpt")
+    saved = load_checkpoint_file(run_dir / "checkpoints" / f"{checkpoint}.ckpt", map_location="cpu")
     agent.load_state_dict(saved["agent"])
     agent.load_learner_state(saved["learner"])
     return agent

@@ -11,7 +11,8 @@ import torch
 
 pytest.importorskip("gymnasium")
 from onlinerec.rl.streaming.runner import load_agent, main  # noqa: E402
-from onlinerec.training.checkpoint import load_checkpoint_file  # noqa: E402
+from onlinerec.training.checkpoint import atomic_torch_save, load_checkpoint_file  # noqa: E402
+from tests.helpers import needs_cuda  # noqa: E402
 
 TINY = ["--env", "memory:tmaze", "--env_kwargs", "{length: 2}", "--hidden_size", "4", "--stream.width", "8",
         "--log_every", "50", "--checkpoint_every", "100", "--eval_episodes", "2", "--progress", "false"]  # fmt: skip
@@ -33,6 +34,15 @@ def same(a, b) -> bool:
     return fa.keys() == fb.keys() and all(
         torch.equal(x, fb[k]) if torch.is_tensor(x) else x == fb[k] for k, x in fa.items()
     )
+
+
+def on_cpu(state):
+    """A (nested) state with its tensors copied to the CPU."""
+    if isinstance(state, dict):
+        return {k: on_cpu(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(on_cpu(v) for v in state)
+    return state.cpu() if torch.is_tensor(state) else state
 
 
 def test_a_run_writes_its_folder_and_its_policy_exports(tmp_path):
@@ -87,3 +97,39 @@ def test_continuous_actions_and_time_limits(tmp_path):
             "--log_every", "100", "--eval_episodes", "1", "--eval_max_steps", "20", "--progress", "false",
             "--out_dir", str(tmp_path / "pendulum")]  # fmt: skip
     assert main(args) == 0  # a 200-step time limit: the TD target bootstraps from the last observation
+
+
+@pytest.mark.parametrize(
+    "saved_on, resumed_on",
+    [pytest.param("cuda", "cpu", marks=needs_cuda), pytest.param("cpu", "cuda", marks=needs_cuda)],
+    ids=["gpu-to-cpu", "cpu-to-gpu"],
+)
+def test_the_agent_resumes_across_devices_bit_for_bit_in_float64(tmp_path, saved_on, resumed_on):
+    """What a checkpoint holds (weights, normalisers, traces, the cores' carries with their sensitivities), written on
+    one device and loaded as ``onlinerec stream`` loads it into an agent on the other, arrives bit for bit in float64;
+    the agent then steps there."""
+    from gymnasium import spaces
+
+    from onlinerec.rl.streaming.agent import StreamAC
+
+    def agent(device):
+        torch.manual_seed(0)
+        return StreamAC(spaces.Box(-1.0, 1.0, (3,)), spaces.Discrete(3), cell="lru", hidden_size=4).double().to(device)
+
+    def step(a, gen, t):
+        x = torch.randn(1, 3, generator=gen, dtype=torch.float64).to(a.running_return.device)
+        a.act(x, reset=t == 0)
+        return a.learn(float(torch.randn((), generator=gen)), x.flip(-1), False, False)
+
+    saved, gen = agent(saved_on), torch.Generator().manual_seed(1)
+    for t in range(5):
+        step(saved, gen, t)
+    atomic_torch_save({"agent": saved.state_dict(), "learner": saved.learner_state()}, tmp_path / "agent.ckpt")
+    state = load_checkpoint_file(tmp_path / "agent.ckpt", map_location="cpu")
+    resumed = agent(resumed_on)
+    resumed.load_state_dict(state["agent"])
+    resumed.load_learner_state(state["learner"])
+    assert same(on_cpu(resumed.state_dict()), on_cpu(saved.state_dict()))
+    assert same(on_cpu(resumed.learner_state()), on_cpu(saved.learner_state()))
+    assert {c.device.type for c in resumed.carries.values()} == {resumed_on}
+    assert torch.isfinite(step(resumed, gen, 5)).all()

@@ -1,4 +1,4 @@
-"""The streaming agent's eligibility traces against full backprop through time, in float64.
+"""The streaming agent's eligibility traces against full backprop through time, in float64, on every device.
 
 With the weights held fixed, after step t every trace must equal sum_k (gamma lambda)^(t - k) grad J_k, J_k being step
 k's objective (the actor's log pi(a_k) + c sign(delta_k) H(pi_k), the critic's V_k), each gradient taken by full BPTT
@@ -38,14 +38,15 @@ def run_fixed(agent: StreamAC, steps: int, seed: int = 0):
     did, and the traces after the last."""
     agent.actor_opt.lr = agent.critic_opt.lr = 0.0
     gen = torch.Generator().manual_seed(seed)
+    device = agent.running_return.device
     xs, actions, signs = [], [], []
     for t in range(steps):
-        x = torch.randn(1, agent.obs_size, generator=gen, dtype=torch.float64)
+        x = torch.randn(1, agent.obs_size, generator=gen, dtype=torch.float64).to(device)
         agent.act(x, reset=t == 0)
         _, _, action = agent._pending
         delta = agent.learn(
             float(torch.randn((), generator=gen)),
-            torch.randn(1, agent.obs_size, generator=gen, dtype=torch.float64),
+            torch.randn(1, agent.obs_size, generator=gen, dtype=torch.float64).to(device),
             False,
             False,
         )
@@ -59,9 +60,9 @@ def objectives(net: StreamNet, xs, truncated: bool):
     """The network's output at every step of the episode: one segment of TBPTT over the whole episode (full BPTT), or
     one segment per step (each step's gradient stops at its own core input)."""
     if net.core is None:
-        return net.step(xs, torch.zeros(xs.shape[0], dtype=torch.bool), None, TBPTT())[0]
+        return net.step(xs, torch.zeros(xs.shape[0], dtype=torch.bool, device=xs.device), None, TBPTT())[0]
     steps = xs.shape[0]
-    reset = torch.zeros(steps, 1, dtype=torch.bool)
+    reset = torch.zeros(steps, 1, dtype=torch.bool, device=xs.device)
     reset[0] = True
     carry = TBPTT().init_carry(net.core, 1)
     if truncated:  # TBPTT carries the state detached from one segment to the next
@@ -101,10 +102,10 @@ def reference_traces(agent: StreamAC, xs, actions, signs, truncated: bool):
 @pytest.mark.parametrize("action", ACTIONS, ids=list(ACTIONS))
 @pytest.mark.parametrize("core", CORES, ids=list(CORES))
 @pytest.mark.parametrize("method", ["rtrl", "tbptt"])
-def test_traces_equal_the_discounted_sum_of_full_bptt_gradients(core, action, method):
+def test_traces_equal_the_discounted_sum_of_full_bptt_gradients(core, action, method, device):
     torch.manual_seed(0)
     agent = StreamAC(spaces.Box(-1.0, 1.0, (3,)), ACTIONS[action], StreamACConfig(width=6), method=method,
-                     **CORES[core]).double()  # fmt: skip
+                     **CORES[core]).double().to(device)  # fmt: skip
     xs, actions, signs = run_fixed(agent, steps=9)
     z_actor, z_critic = reference_traces(agent, xs, actions, signs, truncated=method == "tbptt")
     for got, want, params in (
