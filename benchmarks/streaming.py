@@ -5,7 +5,8 @@
   feed-forward agent of the same width; ``tbptt``: the agent with one-step truncation.
 - ``loops``: the agent's step driven by a plain loop (what ``onlinerec stream`` runs), by Lightning's training loop
   (one ``training_step`` per env step, manual optimisation) and through Fabric (``fabric.backward``).
-- ``scaling``: the agent's step at N = 16 ... 512, its time per unit, drawn to ``--plot``.
+- ``scaling``: the agent's step at N = 16 ... 2048 and a least-squares line (a fixed cost per step plus a cost per
+  unit), drawn to ``--plot``.
 
 Timings are process CPU time (steady under other jobs), medians of ``--reps`` interleaved repetitions. Last line:
 ``ratios agent/hand=<a> lightning/plain=<b> fabric/plain=<c> agent/ff=<d> steps_per_s N64=<e> N256=<f>``.
@@ -261,10 +262,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"loop {name:10s} {value * 1e6:8.0f} us/step")
         ratios["lightning/plain"], ratios["fabric/plain"] = lightning / plain, fabric / plain
     if "scaling" in sections:
-        sizes = [16, 64] if args.quick else [16, 32, 64, 128, 256, 512]
-        per_step = {n: seconds_per_step(agent_step(make_agent(n)), steps, reps) for n in sizes}
+        sizes = [16, 64] if args.quick else [16, 32, 64, 128, 256, 512, 1024, 2048]
+        closures = {n: agent_step(make_agent(n)) for n in sizes}
+        runs = {n: [] for n in sizes}
+        for _ in range(reps):  # interleaved, so that a busier minute falls on every size alike
+            for n in sizes:
+                runs[n].append(seconds_per_step(closures[n], steps, 1))
+        per_step = {n: statistics.median(v) for n, v in runs.items()}
         for n, value in per_step.items():
             print(f"scaling N={n:4d} {value * 1e6:8.0f} us/step  {1 / value:7.0f} steps/s")
+        fixed, per_unit = fit_line(per_step)
+        print(f"scaling fit: {fixed * 1e6:.0f} us a step + {per_unit * 1e9:.0f} ns per unit")
         if 64 in per_step:
             ratios["steps_per_s N64"] = 1 / per_step[64]
         if 256 in per_step:
@@ -273,6 +281,13 @@ def main(argv: list[str] | None = None) -> int:
             plot(per_step, args.plot)
     print("ratios " + " ".join(f"{k.replace(' ', '_')}={v:.3g}" for k, v in ratios.items()))
     return 0
+
+
+def fit_line(per_step: dict[int, float]) -> tuple[float, float]:
+    """Least squares t = fixed + per_unit * N."""
+    n, t = list(per_step), list(per_step.values())
+    slope = statistics.linear_regression(n, t).slope
+    return statistics.fmean(t) - slope * statistics.fmean(n), slope
 
 
 def plot(per_step: dict[int, float], path: str) -> None:
@@ -284,9 +299,9 @@ def plot(per_step: dict[int, float], path: str) -> None:
     sizes = sorted(per_step)
     fig, ax = plt.subplots(figsize=(5.0, 3.4))
     ax.plot(sizes, [per_step[n] * 1e3 for n in sizes], "o-", label="agent step (ms)")
-    slope = (per_step[sizes[-1]] - per_step[sizes[0]]) / (sizes[-1] - sizes[0])
-    ax.plot(sizes, [(per_step[sizes[0]] + slope * (n - sizes[0])) * 1e3 for n in sizes], "--", color="gray",
-            label="a straight line through the ends")  # fmt: skip
+    fixed, per_unit = fit_line(per_step)
+    ax.plot(sizes, [(fixed + per_unit * n) * 1e3 for n in sizes], "--", color="gray",
+            label=f"least squares: {fixed * 1e3:.1f} ms + {per_unit * 1e6:.2f} us per unit")  # fmt: skip
     ax.set_xlabel("N (RTU units of each network)")
     ax.set_ylabel("CPU ms per env step")
     ax.set_title("Streaming agent: cost of a step against N")

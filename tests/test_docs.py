@@ -176,3 +176,24 @@ def test_the_site_builds_strictly(tmp_path):
 )
 def test_slug_is_githubs_anchor(heading, anchor):
     assert slug(heading) == anchor
+
+
+# Markdown line budgets: the docs stay a manual one can read, not a log that only grows.
+DOCS_LINE_BUDGET = 2500
+FILE_LINE_BUDGETS = {"docs/results.md": 500, "docs/performance.md": 350, "README.md": 150, "CHANGELOG.md": 400}
+
+
+def line_count(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_the_docs_stay_within_their_line_budgets():
+    over = [
+        f"{name}: {line_count(ROOT / name)} lines, budget {budget}"
+        for name, budget in FILE_LINE_BUDGETS.items()
+        if line_count(ROOT / name) > budget
+    ]
+    total = sum(line_count(page) for page in DOCS.rglob("*.md"))
+    if total > DOCS_LINE_BUDGET:
+        over.append(f"docs/**/*.md: {total} lines in all, budget {DOCS_LINE_BUDGET}")
+    assert not over, "\n".join(over)
