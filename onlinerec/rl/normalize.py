@@ -72,8 +72,14 @@ class RunningMeanStd(nn.Module):
             if float(n) == 0:
                 return
             total, squares = total.reshape(self.shape), squares.reshape(self.shape)
-        elif x.shape[0] == 1:  # one sample (a streaming agent's step): x itself is the batch's sum
-            n, total, squares = 1.0, x[0], x[0] * x[0]
+        elif x.shape[0] == 1:  # one sample (a streaming agent's step): the update below with n = 1, batch_var = 0
+            count = self.count + 1.0
+            delta = x[0] - self.mean
+            m2 = self.var * self.count + delta**2 * self.count / count
+            self.mean.add_(delta / count)
+            self.var.copy_(m2 / count)
+            self.count.copy_(count)
+            return
         else:  # one process: the same arithmetic without packing the moments
             if x.shape[0] == 0:
                 return
