@@ -30,10 +30,22 @@ def read_run(run: Path) -> dict | None:
         return None
     config = json.loads((run / "config.json").read_text())
     log = (run / "run.log").read_text() if (run / "run.log").exists() else ""
-    elapsed = re.findall(r"elapsed (\d+):(\d\d):(\d\d)", log)
-    h, m, s = map(int, elapsed[-1]) if elapsed else (0, 0, 0)
     evaluation = json.loads((run / "eval.json").read_text()) if (run / "eval.json").exists() else None
-    return dict(rows=rows, total=float(config["total_frames"]), eval=evaluation, minutes=60 * h + m + s / 60)
+    total = float(config["total_frames"])
+    return dict(rows=rows, total=total, eval=evaluation, minutes=minutes_for(log, total))
+
+
+def minutes_for(log: str, total: float) -> float:
+    """The minutes ``total`` frames take at the run's logged speed. A resumed run logs a segment per start (each from
+    ``elapsed 0:00:00``) and replays the frames since its checkpoint, so the segments' minutes are not simply added."""
+    segments: list[list[float]] = []  # [first frames, last frames, last minutes] per start
+    for n, h, m, s in re.findall(r"frames ([\d,]+) /.*elapsed (\d+):(\d\d):(\d\d)", log):
+        frames, minutes = float(n.replace(",", "")), 60 * int(h) + int(m) + int(s) / 60
+        if not segments or minutes == 0.0:
+            segments.append([frames, frames, minutes])
+        segments[-1][1:] = [frames, minutes]
+    frames = sum(last - first for first, last, _ in segments)
+    return total * sum(minutes for *_, minutes in segments) / frames if frames else float("nan")
 
 
 def tail_return(rows: list[dict], total: float, fraction: float = 0.1) -> float:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
 import time
 from collections import deque
@@ -215,10 +216,14 @@ class _MetricsLog:
         if path.exists() and keep_until > 0:
             with open(path, newline="") as fh:
                 rows = [r for r in csv.DictReader(fh) if float(r["frames"]) <= keep_until]
-        self.fh = open(path, "w", newline="")  # noqa: SIM115 - kept open for the run
+        tmp = path.with_suffix(".csv.tmp")  # the kept rows are on disk before the old file goes: a crash loses nothing
+        with open(tmp, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, path)
+        self.fh = open(path, "a", newline="")  # noqa: SIM115 - kept open for the run
         self.writer = csv.DictWriter(self.fh, fieldnames=COLUMNS)
-        self.writer.writeheader()
-        self.writer.writerows(rows)
         self.last_frames = int(float(rows[-1]["frames"])) if rows else 0
 
     def write(self, frames: int, episodes: int, mean_return: float, abs_td_error: float, steps_per_second: float):

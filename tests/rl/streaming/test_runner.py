@@ -133,3 +133,16 @@ def test_the_agent_resumes_across_devices_bit_for_bit_in_float64(tmp_path, saved
     assert same(on_cpu(resumed.learner_state()), on_cpu(saved.learner_state()))
     assert {c.device.type for c in resumed.carries.values()} == {resumed_on}
     assert torch.isfinite(step(resumed, gen, 5)).all()
+
+
+def test_a_resumed_metrics_log_keeps_its_rows_on_disk_from_the_start(tmp_path):
+    from onlinerec.rl.streaming.runner import _MetricsLog
+
+    path = tmp_path / "metrics.csv"
+    log = _MetricsLog(path, keep_until=0)
+    for frames in (100, 200, 300):
+        log.write(frames, episodes=1, mean_return=0.5, abs_td_error=0.1, steps_per_second=10.0)
+    log.close()
+    resumed = _MetricsLog(path, keep_until=200)  # a crash before its first flush must not lose the kept rows
+    assert [r["frames"] for r in csv.DictReader(open(path))] == ["100", "200"] and resumed.last_frames == 200
+    resumed.close()
