@@ -242,18 +242,9 @@ class ExperimentConfig:
                 f"paper's linear heads), got {self.head_sizes!r}."
             )
         if isinstance(self.cell, (str, list)):  # a wrong cell argument is a usage error now, not a traceback later
-            from onlinerec.cells import Stack, make_cell
+            from onlinerec.cells import Stack
 
-            kwargs = {**self.cell_kwargs, **({"layers": self.layers} if self.layers is not None else {})}
-            try:
-                core = make_cell(self.cell, self.fc_size + 1, self.hidden_size, **kwargs)  # as R2AC builds it
-            except (TypeError, ValueError) as err:
-                raise ValueError(f"--cell {self.cell} --cell_kwargs {dict(self.cell_kwargs)}: {err}") from err
-            from onlinerec.training.cell_methods import method_refusal
-
-            refusal = method_refusal(core, self.method, lambda methods: " or ".join(f"--method {m}" for m in methods))
-            if refusal:  # before any run folder is written, in the command line's terms
-                raise ValueError(f"--cell {self.cell} --method {self.method}: {refusal}")
+            core = check_core(self, self.fc_size + 1)  # as R2AC builds it
             if isinstance(core, Stack) and core.residual and len(core.residual_layers) < core.num_layers:
                 skipped = [i for i in range(core.num_layers) if i not in core.residual_layers]
                 warnings.warn(  # a width change silently drops a residual the config asked for
@@ -263,6 +254,30 @@ class ExperimentConfig:
                     f"(--fc_size {self.hidden_size - 1}).",
                     stacklevel=2,
                 )
+
+
+def check_core(cfg: Any, in_features: int, methods: Sequence[str] | None = None) -> Any:
+    """The recurrent core that ``cfg``'s ``cell``, ``cell_kwargs``, ``layers``, ``hidden_size`` and ``method`` build,
+    checked before any run folder is written: a cell that these kwargs do not fit, or that the method cannot train,
+    is a ValueError in the command line's terms. ``methods``: the methods the command offers (None: all)."""
+    from onlinerec.cells import make_cell
+    from onlinerec.training.cell_methods import method_refusal
+
+    kwargs = {**cfg.cell_kwargs, **({"layers": cfg.layers} if cfg.layers is not None else {})}
+    try:
+        core = make_cell(cfg.cell, in_features, cfg.hidden_size, **kwargs)
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"--cell {cfg.cell} --cell_kwargs {dict(cfg.cell_kwargs)}: {err} (on the command line, --cell_kwargs '{{}}' "
+            "replaces a config file's)"
+        ) from err
+
+    refusal = method_refusal(
+        core, cfg.method, lambda names: " or ".join(f"--method {m}" for m in names), offered=methods
+    )
+    if refusal:
+        raise ValueError(f"--cell {cfg.cell} --method {cfg.method}: {refusal}")
+    return core
 
 
 class ConfigError(ValueError):

@@ -12,7 +12,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,16 @@ from onlinerec.rl.experiment import ConfigError, ExperimentConfig, parse_experim
 from onlinerec.rl.r2ac_config import R2ACConfig
 from onlinerec.rl.resume import RunFolderError, resume_point
 
-__all__ = ["build", "load_stem", "main", "make_logger", "missing_gymnasium", "plot_learning_curve", "run_experiment"]
+__all__ = [
+    "build",
+    "load_stem",
+    "main",
+    "make_logger",
+    "missing_gymnasium",
+    "plot_learning_curve",
+    "run_experiment",
+    "run_reporting_usage_errors",
+]
 
 
 def _strategy(cfg: ExperimentConfig):
@@ -288,20 +297,25 @@ def main(
     """``onlinerec rl``: parse (see :func:`onlinerec.config.parse_config`), run, and turn a missing env backend into a
     clear error. The examples call it with their YAML as ``default_config``."""
     cfg = parse_experiment(argv, default_config, description, prog)
+    status, _ = run_reporting_usage_errors(prog, cfg.env, lambda: run_experiment(cfg))
+    return status
+
+
+def run_reporting_usage_errors(prog: str, env: Any, run: Callable[[], Any]) -> tuple[int, Any]:
+    """``(0, run())``; or, for a missing env backend, settings that build no agent for the env, or a run folder in
+    use, ``(2, None)`` with one line on stderr that says what to do (a command line's usage errors)."""
     try:
         import gymnasium  # noqa: F401  (every env family runs on it; `pip install -e .` leaves it out)
     except ModuleNotFoundError:
-        print(f"{prog}: error: {missing_gymnasium(cfg.env)}", file=sys.stderr)
-        return 2
+        print(f"{prog}: error: {missing_gymnasium(env)}", file=sys.stderr)
+        return 2, None
     from onlinerec.rl.envs import MissingBackendError
     from onlinerec.training.checkpoint import CorruptCheckpointError
 
     try:
-        run_experiment(cfg)
+        return 0, run()
     except MissingBackendError as err:
-        print(f"error: {cfg.env} needs a backend that is not installed.\n{err}", file=sys.stderr)
-        return 2
+        print(f"error: {env} needs a backend that is not installed.\n{err}", file=sys.stderr)
     except (ConfigError, RunFolderError, FileExistsError, CorruptCheckpointError) as err:  # settings or out_dir
         print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return 2, None

@@ -39,7 +39,11 @@ def methods_that_train(cell: ElementwiseCell) -> list[str]:
 
 
 def method_refusal(
-    cell: ElementwiseCell, method: str, choose: Callable[[Sequence[str]], str], cell_option: str = "--cell"
+    cell: ElementwiseCell,
+    method: str,
+    choose: Callable[[Sequence[str]], str],
+    cell_option: str = "--cell",
+    offered: Sequence[str] | None = None,
 ) -> str | None:
     """None if ``method`` trains ``cell``; else why not and what does, as one message.
 
@@ -49,6 +53,7 @@ def method_refusal(
         choose: how the caller's interface picks the methods that do train it, e.g.
             ``lambda ms: " or ".join(f"--method {m}" for m in ms)``.
         cell_option: how the caller's interface picks another cell.
+        offered: the methods the caller's interface offers (None: every method in ``METHODS``).
     """
     method = getattr(METHODS.resolve(method), "name", method)  # "RTRL" or a class path: the registered name
     refused = next(((leaf, err) for leaf in _leaves(cell) if (err := _refusal(leaf, method)) is not None), None)
@@ -56,7 +61,7 @@ def method_refusal(
         return None
     leaf, err = refused
     name = type(leaf).__name__
-    others = [m for m in methods_that_train(cell) if m != method]
+    others = [m for m in methods_that_train(cell) if m != method and (offered is None or m in offered)]
     fully_recurrent = isinstance(leaf, FullyRecurrentCell)
     if fully_recurrent and method == "rtrl":
         why = f"{name} is fully recurrent (its gates read every unit), so exact RTRL refuses it."
@@ -68,7 +73,7 @@ def method_refusal(
     if fully_recurrent:
         advice.append(f"keep exact RTRL with an element-wise cell such as {cell_option} elstm")
         return f"{why} {', or '.join(advice)}."
-    if others and "snap" not in others:
+    if others and "snap" not in others and (offered is None or "snap" in offered):
         advice[0] += (
             " (SnAP-1 approximates only FullyRecurrentCell subclasses, whose gates read the state through "
             "recurrent_proj)"

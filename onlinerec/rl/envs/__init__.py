@@ -104,6 +104,7 @@ from onlinerec.rl.envs.base import (
     run_env_seed,
     stream_seed,
     stream_seeds,
+    unexpected_env_kwargs,
 )
 
 __all__ = [
@@ -246,7 +247,12 @@ def make_vector_env(env_id: str | Callable[..., Any], num_envs: int, seed: int =
                 f"wrappers= wraps each stream's single gymnasium env, which the {family.name} family does not build "
                 f"(it is a vector env already); use vector_wrappers=, or a gymnasium:/popgym:/minigrid: id"
             )
-        env = family.make(name, num_envs, seed, **kwargs)
+        try:
+            env = family.make(name, num_envs, seed, **kwargs)
+        except TypeError as err:
+            if "unexpected keyword argument" not in str(err):
+                raise
+            raise ValueError(unexpected_env_kwargs(env_id, kwargs, err)) from err
         if family.name == "factory":
             env = ensure_contract(env, seed=seed)
             _check_streams(

@@ -331,3 +331,11 @@ def discrete_actions(space: gymnasium.Space, env_id: str) -> int:
         raise ValueError(f"{env_id}: this needs a Discrete action space, got {space}")
     action_kind(space, env_id)
     return int(space.n)
+
+
+def unexpected_env_kwargs(env_id: str, kwargs: dict[str, Any], err: Exception) -> str:
+    """The message for env_kwargs that ``env_id`` does not take (often a config's, meant for the env it names)."""
+    return (
+        f"{env_id} does not take env_kwargs {sorted(kwargs)} ({err}); leave them out (on the command line, "
+        "--env_kwargs '{}' replaces a config file's)."
+    )

@@ -40,7 +40,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
-from onlinerec.rl.envs.base import MissingBackendError, SameStepEnv, action_kind
+from onlinerec.rl.envs.base import MissingBackendError, SameStepEnv, action_kind, unexpected_env_kwargs
 
 __all__ = [
     "MaskVelocity",
@@ -329,8 +329,8 @@ def make_popgym(
 
             takes = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
             raise ValueError(  # a bad setting, reported as one line by the CLI
-                f"{env_id} does not take env_kwargs {sorted(env_kwargs)} ({e}); the env takes "
-                f"{takes or 'no arguments'}, and onlinerec adds prev_action, wrappers and vectorization."
+                f"{unexpected_env_kwargs(env_id, env_kwargs, e)} The env takes {takes or 'no arguments'}, and "
+                "onlinerec adds prev_action, wrappers and vectorization."
             ) from e
         if prev_action:
             from popgym.wrappers import PreviousAction

@@ -124,6 +124,10 @@ class StreamExperiment:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an int >= 1 or null, got {value!r}.")
+        if self.cell is not None:  # a cell these kwargs do not fit, or the method cannot train: a usage error now
+            from onlinerec.rl.experiment import check_core
+
+            check_core(self, in_features=1, methods=list(METHODS))
 
 
 def parse_stream_experiment(

@@ -25,6 +25,9 @@ from typing import Any
 
 import torch
 
+from onlinerec.rl.experiment import ConfigError
+from onlinerec.rl.resume import RunFolderError
+from onlinerec.rl.runner import run_reporting_usage_errors
 from onlinerec.rl.streaming.experiment import StreamExperiment, parse_stream_experiment
 
 __all__ = ["load_agent", "main", "run_stream"]
@@ -61,17 +64,20 @@ def run_stream(cfg: StreamExperiment) -> dict[str, Any]:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    env = make_vector_env(cfg.env, 1, seed=episode_seed(cfg.seed, 0), **cfg.env_kwargs)
-    agent = StreamAC(
-        env.single_observation_space,
-        env.single_action_space,
-        cfg.stream,
-        cell=cfg.cell,
-        hidden_size=cfg.hidden_size,
-        layers=cfg.layers,
-        cell_kwargs=dict(cfg.cell_kwargs),
-        method=cfg.method,
-    )
+    try:  # before anything is written: an env or settings that build no agent leave no folder behind
+        env = make_vector_env(cfg.env, 1, seed=episode_seed(cfg.seed, 0), **cfg.env_kwargs)
+        agent = StreamAC(
+            env.single_observation_space,
+            env.single_action_space,
+            cfg.stream,
+            cell=cfg.cell,
+            hidden_size=cfg.hidden_size,
+            layers=cfg.layers,
+            cell_kwargs=dict(cfg.cell_kwargs),
+            method=cfg.method,
+        )
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     frames, episodes, returns = 0, 0, deque(maxlen=cfg.return_window)
     if resuming:
         saved = load_checkpoint_file(ckpt_path, map_location="cpu")  # loaded into the agent wherever it is
@@ -184,7 +190,7 @@ def _check_run_folder(out: Path, config: dict[str, Any], ckpt_path: Path, resume
     return ckpt_path.exists()
 
 
-class RunFolderInUse(ValueError):
+class RunFolderInUse(RunFolderError):
     """The run's folder holds another experiment (a usage error: ``onlinerec stream`` exits with status 2)."""
 
 
@@ -270,11 +276,9 @@ def _plot(cfg: StreamExperiment, out: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_stream_experiment(argv)
-    try:
-        result = run_stream(cfg)
-    except RunFolderInUse as err:
-        print(f"onlinerec stream: error: {err}", file=sys.stderr)
-        return 2
+    status, result = run_reporting_usage_errors("onlinerec stream", cfg.env, lambda: run_stream(cfg))
+    if status:
+        return status
     evaluation = result.get("eval")
     summary = f"; evaluation {evaluation['mean']:.3f} +- {evaluation['std']:.3f}" if evaluation else ""
     print(
