@@ -279,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
             ratios["steps_per_s N256"] = 1 / per_step[256]
         if args.plot:
             plot(per_step, args.plot)
-    print("ratios " + " ".join(f"{k.replace(' ', '_')}={v:.3g}" for k, v in ratios.items()))
+    shown = {k.replace(" ", "_"): f"{v:.2f}" if v < 100 else f"{v:.0f}" for k, v in ratios.items()}  # steps/s whole
+    print("ratios " + " ".join(f"{k}={v}" for k, v in shown.items()))
     return 0
 
 

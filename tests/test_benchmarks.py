@@ -115,6 +115,17 @@ def test_scaling_quick(tmp_path):
     assert png.stat().st_size > 10_000
 
 
+def test_streaming_quick(tmp_path):
+    png = tmp_path / "streaming_scaling.png"
+    proc = run_quick("streaming.py", "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    ratio = r"\d+\.\d\d"
+    pattern = " ".join(f"{k}={ratio}" for k in ("agent/hand", "agent/ff", "lightning/plain", "fabric/plain"))
+    assert re.fullmatch(rf"ratios {pattern} steps_per_s_N64=\d+", last), last
+    assert "scaling fit:" in proc.stdout and png.stat().st_size > 10_000
+
+
 def test_rtrl_vs_tbptt_quick():
     """Every core (eLSTM at two shapes, LRU, a 4-layer stack), both thread counts, the M = 1 table with the copy."""
     proc = run_quick("rtrl_vs_tbptt.py", "--threads", "1,2", "--reps", "2", "--online-reps", "3", timeout=600)
