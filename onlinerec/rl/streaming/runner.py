@@ -61,6 +61,9 @@ def run_stream(cfg: StreamExperiment) -> dict[str, Any]:
     ckpt_path = out / "checkpoints" / "last.ckpt"
     config = _config_dict(cfg)
     resuming = _check_run_folder(out, config, ckpt_path, cfg.resume)
+    finished = _finished_run(out, int(cfg.total_frames))
+    if finished is not None:  # running it again would only replay it: its results stay as they are
+        return finished
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -190,6 +193,24 @@ def _check_run_folder(out: Path, config: dict[str, Any], ckpt_path: Path, resume
     return ckpt_path.exists()
 
 
+def _finished_run(out: Path, total: int) -> dict[str, Any] | None:
+    """What ``out`` holds if the same experiment already finished there with at least ``total`` frames (the caller
+    has checked that the folder holds this experiment), else None."""
+    from onlinerec.training.checkpoint import load_checkpoint_file
+
+    final = out / "checkpoints" / "final.ckpt"
+    if not (out / "config.json").exists() or not final.exists():
+        return None
+    saved = load_checkpoint_file(final, map_location="cpu")
+    if int(saved["frames"]) < total:
+        return None
+    result = {"frames": int(saved["frames"]), "episodes": int(saved["episodes"]), "run_dir": str(out),
+              "finished_before": True}  # fmt: skip
+    if (out / "eval.json").exists():
+        result["eval"] = json.loads((out / "eval.json").read_text())
+    return result
+
+
 class RunFolderInUse(RunFolderError):
     """The run's folder holds another experiment (a usage error: ``onlinerec stream`` exits with status 2)."""
 
@@ -279,6 +300,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     status, result = run_reporting_usage_errors("onlinerec stream", cfg.env, lambda: run_stream(cfg))
     if status:
         return status
+    if result.get("finished_before"):
+        print(
+            f"onlinerec stream: {result['run_dir']} already holds this run, finished at {result['frames']:,} frames; "
+            "nothing to do (a larger --total_frames continues it, a new --out_dir starts another)."
+        )
     evaluation = result.get("eval")
     summary = f"; evaluation {evaluation['mean']:.3f} +- {evaluation['std']:.3f}" if evaluation else ""
     print(

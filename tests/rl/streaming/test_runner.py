@@ -146,3 +146,13 @@ def test_a_resumed_metrics_log_keeps_its_rows_on_disk_from_the_start(tmp_path):
     resumed = _MetricsLog(path, keep_until=200)  # a crash before its first flush must not lose the kept rows
     assert [r["frames"] for r in csv.DictReader(open(path))] == ["100", "200"] and resumed.last_frames == 200
     resumed.close()
+
+
+def test_running_a_finished_run_again_leaves_it_as_it_is(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*TINY, "--total_frames", "120", "--out_dir", str(out)]) == 0
+    files = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main([*TINY, "--total_frames", "120", "--out_dir", str(out)]) == 0  # the same command again
+    assert "already holds this run, finished at 120 frames; nothing to do" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == files
