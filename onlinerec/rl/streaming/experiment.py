@@ -127,7 +127,7 @@ class StreamExperiment:
         if self.cell is not None:  # a cell these kwargs do not fit, or the method cannot train: a usage error now
             from onlinerec.rl.experiment import check_core
 
-            check_core(self, in_features=1, methods=list(METHODS))
+            check_core(self, in_features=1, methods=METHODS)
 
 
 def parse_stream_experiment(
