@@ -20,7 +20,9 @@ in ``info["final_obs"]`` (gymnasium's convention), the returned observation is t
   (MiniGrid's own dict without the mission text). 7 actions (MiniGrid's full set).
 - ``gymnasium:<id>``: observations passed through (Box, Discrete, Dict, Tuple: batched by gymnasium), actions
   Discrete (MultiDiscrete flattened as above) or Box (float32); a Tuple/Dict action space is refused. Built in:
-  ``CartPoleNoVel-v1`` and ``PendulumNoVel-v1`` (rl-zoo's masked-velocity envs, :class:`MaskVelocity`).
+  ``CartPoleNoVel-v1`` and ``PendulumNoVel-v1`` (rl-zoo's masked-velocity envs, :class:`MaskVelocity`), and the
+  positions-only MuJoCo tasks ``HopperNoVel-v5``, ``Walker2dNoVel-v5``, ``HalfCheetahNoVel-v5`` (the "-P" tasks of
+  the recurrent-RL literature; ``pip install 'onlinerec[mujoco]'``).
 
 Every maker takes ``wrappers``: a list of gymnasium wrappers applied to each stream's env right after it is made (before
 onlinerec's own flattening / channels-first adapters), each given as ``{"class_path": "gymnasium.wrappers.TimeLimit",
@@ -130,6 +132,9 @@ class MaskVelocity(gymnasium.ObservationWrapper):
         "Pendulum-v1": (2,),  # angular velocity (obs = cos, sin, velocity)
         "LunarLander-v3": (2, 3, 5),
         "LunarLanderContinuous-v3": (2, 3, 5),
+        "Hopper-v5": tuple(range(5, 11)),  # qpos[1:] (5 entries), then qvel (6)
+        "Walker2d-v5": tuple(range(8, 17)),  # qpos[1:] (8), then qvel (9)
+        "HalfCheetah-v5": tuple(range(8, 17)),
     }
 
     def __init__(self, env: gymnasium.Env, indices: Sequence[int] | None = None):
@@ -155,10 +160,20 @@ def _masked(base_id: str, **kwargs: Any) -> gymnasium.Env:
 
 
 #: rl-zoo's masked-velocity ids, registered with gymnasium on import: ``gymnasium:CartPoleNoVel-v1`` etc.
-NO_VELOCITY_ENVS = {"CartPoleNoVel-v1": "CartPole-v1", "PendulumNoVel-v1": "Pendulum-v1"}
+NO_VELOCITY_ENVS = {
+    "CartPoleNoVel-v1": "CartPole-v1",
+    "PendulumNoVel-v1": "Pendulum-v1",
+    "HopperNoVel-v5": "Hopper-v5",
+    "Walker2dNoVel-v5": "Walker2d-v5",
+    "HalfCheetahNoVel-v5": "HalfCheetah-v5",
+}
 for _id, _base in NO_VELOCITY_ENVS.items():
     if _id not in gymnasium.registry:
         gymnasium.register(_id, entry_point=_masked, kwargs={"base_id": _base})
+
+MUJOCO_INSTALL = (
+    "pip install 'onlinerec[mujoco]'  (gymnasium[mujoco] with mujoco<4: the index's mujoco 4 has no engine)"
+)
 
 MEMORY_INSTALL = "pip install 'onlinerec[memory]'  (popgym and minigrid)"
 
@@ -278,6 +293,12 @@ def make_gymnasium(
             f"unknown gymnasium env {env_id!r}: {err} (every registered id: python -c 'import gymnasium; "
             "gymnasium.pprint_registry()')"
         ) from err
+    except (
+        gymnasium.error.DependencyNotInstalled
+    ) as err:  # gymnasium's own hint would fetch mujoco 4, which has no engine
+        base = gymnasium.spec(NO_VELOCITY_ENVS.get(name, name))
+        hint = MUJOCO_INSTALL if "mujoco" in str(base.entry_point) else "install the package it names"
+        raise MissingBackendError(f"{env_id} needs a package that is not installed: {err}. Fix: {hint}") from err
     return vectorize([fn] * num_envs, seed=seed, env_id=env_id, vectorization=vectorization)
 
 

@@ -118,6 +118,35 @@ def test_cartpole_novel_masks_rl_zoos_entries_and_keeps_the_time_limit():
     assert gymnasium.make("PendulumNoVel-v1").get_wrapper_attr("indices") == (2,)
 
 
+def test_positions_only_mujoco_envs_zero_every_velocity():
+    pytest.importorskip("mujoco")
+    env = make_vector_env("gymnasium:HopperNoVel-v5", 1, seed=0)
+    obs, _ = env.reset()
+    for _ in range(5):
+        obs, *_ = env.step(np.zeros((1, 3), dtype=np.float32))
+        assert (obs[0, 5:] == 0).all() and (obs[0, :5] != 0).all()  # qvel masked; height and angles kept
+    full = gymnasium.make("Hopper-v5").unwrapped
+    masked = gymnasium.make("HopperNoVel-v5").get_wrapper_attr("indices")
+    assert masked == tuple(range(full.data.qpos.size - 1, full.observation_space.shape[0]))  # exactly the qvel entries
+    for name in ("Walker2d", "HalfCheetah"):
+        full = gymnasium.make(f"{name}-v5").unwrapped
+        indices = gymnasium.make(f"{name}NoVel-v5").get_wrapper_attr("indices")
+        assert indices == tuple(range(full.data.qpos.size - 1, full.observation_space.shape[0]))
+
+
+def test_a_missing_mujoco_names_the_extra_that_installs_a_working_one(monkeypatch):
+    from onlinerec.rl.envs import MissingBackendError
+
+    def make(name, **kwargs):
+        raise gymnasium.error.DependencyNotInstalled("Could not import mujoco")
+
+    monkeypatch.setattr(gymnasium, "make", make)
+    with pytest.raises(MissingBackendError, match=r"pip install 'onlinerec\[mujoco\]'.*mujoco<4"):
+        make_vector_env("gymnasium:HopperNoVel-v5", 1)
+    with pytest.raises(MissingBackendError, match="install the package it names"):
+        make_vector_env("gymnasium:CartPole-v1", 1)
+
+
 def test_wrappers_from_class_paths_and_init_args():
     wrappers = [
         {"class_path": "gymnasium.wrappers.TimeLimit", "init_args": {"max_episode_steps": 7}},
