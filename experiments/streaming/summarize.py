@@ -2,11 +2,13 @@
 
     python experiments/streaming/summarize.py runs/stream_evidence            # every task
     python experiments/streaming/summarize.py runs/stream_evidence --at 100000 # also the training return at 100k frames
+    python experiments/streaming/summarize.py runs/stream_evidence --at 40000 100000 300000 --popgym  # POPGym's table
 
 A run folder is <root>/<task>/<configuration>-seed<s> (what queue.txt writes). Columns: seeds finished (and running),
 the training return over the last 10 % of frames (T-maze: the fraction of right turns; "solved" counts seeds at
 >= 0.9), the greedy evaluation's mean return, and the minutes each run took (one torch thread; wall time with two runs
-on two cores, which is their CPU time within a few per cent).
+on two cores, which is their CPU time within a few per cent). ``--popgym``: POPGym tasks only, each return also as
+Farr et al.'s normalised score (0 = the minimum return, 1 = optimal: (R + 1) / 2, POPGym's returns lying in [-1, 1]).
 """
 
 from __future__ import annotations
@@ -73,16 +75,20 @@ def mean_std(values: list[float]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("root", type=Path)
-    parser.add_argument("--at", type=float, default=None, help="also report the training return at these frames")
+    parser.add_argument("--at", type=float, nargs="*", default=[], help="also report the training return at these frames")
+    parser.add_argument("--popgym", action="store_true", help="POPGym tasks only, with the normalised score")
     args = parser.parse_args(argv)
+    fmt = (lambda values: f"{mean_std(values)} ({mean_std([(v + 1) / 2 for v in values])})") if args.popgym else mean_std
     groups: dict[tuple[str, str], list[tuple[int, dict]]] = {}
     for run in sorted(args.root.glob("*/*-seed*")):
+        if args.popgym and not run.parent.name.endswith(("Easy", "Medium", "Hard")):
+            continue
         name, _, seed = run.name.rpartition("-seed")
         data = read_run(run)
         if data is not None:
             groups.setdefault((run.parent.name, name), []).append((int(seed), data))
     header = "| task | configuration | seeds done (running) | last 10 % of training | solved (≥ 0.9) | greedy eval |"
-    header += f" at {args.at:,.0f} frames |" if args.at else ""
+    header += "".join(f" at {at:,.0f} frames (seeds) |" for at in args.at)
     print(header + " minutes a run |")
     print("|---" * (header.count("|") - 1 + 1) + "|")
     for (task, name), runs in sorted(groups.items()):
@@ -93,11 +99,10 @@ def main(argv: list[str] | None = None) -> None:
         solved = sum(t >= 0.9 for t in tails)
         seeds = ",".join(str(s) for s, _ in done) or "–"
         seeds += f" ({','.join(map(str, running))})" if running else ""
-        line = f"| {task} | {name} | {seeds} | {mean_std(tails)} | {solved}/{len(done)} | {mean_std(evals)} |"
-        if args.at:
-            line += (
-                f" {mean_std([return_at(d['rows'], args.at) for _, d in runs if d['rows'][-1]['frames'] >= args.at])} |"
-            )
+        line = f"| {task} | {name} | {seeds} | {fmt(tails)} | {solved}/{len(done)} | {fmt(evals)} |"
+        for at in args.at:
+            reached = [return_at(d["rows"], at) for _, d in runs if d["rows"][-1]["frames"] >= at]
+            line += f" {fmt(reached)} ({len(reached)}) |"
         minutes = [d["minutes"] for _, d in done]
         line += f" {min(minutes):.0f}–{max(minutes):.0f} |" if minutes else " – |"
         print(line)
