@@ -75,10 +75,14 @@ def mean_std(values: list[float]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("root", type=Path)
-    parser.add_argument("--at", type=float, nargs="*", default=[], help="also report the training return at these frames")
+    parser.add_argument(
+        "--at", type=float, nargs="*", default=[], help="also report the training return at these frames"
+    )
     parser.add_argument("--popgym", action="store_true", help="POPGym tasks only, with the normalised score")
     args = parser.parse_args(argv)
-    fmt = (lambda values: f"{mean_std(values)} ({mean_std([(v + 1) / 2 for v in values])})") if args.popgym else mean_std
+    fmt = (
+        (lambda values: f"{mean_std(values)} ({mean_std([(v + 1) / 2 for v in values])})") if args.popgym else mean_std
+    )
     groups: dict[tuple[str, str], list[tuple[int, dict]]] = {}
     for run in sorted(args.root.glob("*/*-seed*")):
         if args.popgym and not run.parent.name.endswith(("Easy", "Medium", "Hard")):
