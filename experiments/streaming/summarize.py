@@ -50,6 +50,11 @@ def minutes_for(log: str, total: float) -> float:
     return total * sum(minutes for *_, minutes in segments) / frames if frames else float("nan")
 
 
+def finished(run: dict) -> bool:
+    """Evaluated at its total frames (a run being extended still holds the evaluation of its shorter budget)."""
+    return run["eval"] is not None and run["rows"][-1]["frames"] >= run["total"]
+
+
 def tail_return(rows: list[dict], total: float, fraction: float = 0.1) -> float:
     """The mean of the logged return (a running mean of the last episodes) over the last ``fraction`` of the frames."""
     tail = [r["return"] for r in rows if r["frames"] >= (1 - fraction) * total and "return" in r]
@@ -96,8 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     print(header + " minutes a run |")
     print("|---" * (header.count("|") - 1 + 1) + "|")
     for (task, name), runs in sorted(groups.items()):
-        done = [(s, d) for s, d in runs if d["eval"] is not None]
-        running = [s for s, d in runs if d["eval"] is None]
+        done = [(s, d) for s, d in runs if finished(d)]
+        running = [s for s, d in runs if not finished(d)]
         tails = [tail_return(d["rows"], d["total"]) for _, d in done]
         evals = [d["eval"]["mean"] for _, d in done]
         solved = sum(t >= 0.9 for t in tails)

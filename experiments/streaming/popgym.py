@@ -1,0 +1,110 @@
+"""The streaming agent on POPGym: the results table (markdown rows) and its learning curves, one panel a task.
+
+    python experiments/streaming/popgym.py runs/stream_evidence --plot docs/img/stream_popgym.png
+
+Rows: the training return (the mean of the last 100 episodes) at 100,000 and 300,000 frames, mean ± std over the seeds
+that reached it, with Farr et al.'s normalised score (R + 1) / 2 in brackets (POPGym's returns lie in [-1, 1]); beside
+it R2AC's and RecurrentPPO's return at 100,000 frames (docs/results.md: the memory suite and the held-out table,
+`popgym.yaml` and RecurrentPPO's better setting), Farr et al.'s normalised score at 10 M frames on the three tasks
+whose score we quote (their envs are JAX ports of POPGym's), and the verdict against R2AC at 100,000 frames: a win
+or a loss only when the means differ by more than max(the larger std, 0.02), as in docs/results.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+from pathlib import Path
+
+# task: (the random policy's return as docs/results.md writes it, (R2AC mean, std), (RecurrentPPO mean, std), Farr et al.'s normalised score at 10 M or None)
+TASKS = {
+    "RepeatPreviousEasy": ("−0.50", (0.999, 0.000), (0.998, 0.001), 0.99),
+    "RepeatFirstEasy": ("−0.50", (0.673, 0.510), (0.510, 0.485), 0.48),
+    "CountRecallEasy": ("−0.93", (-0.558, 0.028), (-0.564, 0.064), 0.23),
+    "AutoencodeEasy": ("−0.50", (-0.492, 0.008), (-0.481, 0.011), None),
+    "HigherLowerEasy": ("0.006", (0.492, 0.015), (0.501, 0.004), None),
+    "ConcentrationEasy": ("−0.198", (-0.160, 0.008), (-0.213, 0.012), None),
+}
+
+
+def curve(run: Path) -> tuple[list[float], list[float]]:
+    with (run / "metrics.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r["return"] not in ("", "nan")]
+    return [float(r["frames"]) for r in rows], [float(r["return"]) for r in rows]
+
+
+def at(frames: list[float], returns: list[float], when: float) -> float | None:
+    """The logged return at the first row at or after ``when`` frames (None if the run has not reached it)."""
+    return next((r for f, r in zip(frames, returns) if f >= when), None)
+
+
+def verdict(ours: tuple[float, float], theirs: tuple[float, float]) -> str:
+    diff = ours[0] - theirs[0]
+    if abs(diff) <= max(ours[1], theirs[1], 0.02):
+        return "tie"
+    return "**win**" if diff > 0 else "**loss**"
+
+
+def num(x: float, digits: int = 3) -> str:
+    return f"{x:.{digits}f}".replace("-", "−")  # the docs' minus sign
+
+
+def cell(values: list[float]) -> str:
+    if not values:
+        return "–"
+    mean, std = statistics.fmean(values), statistics.pstdev(values)
+    spread = f" ± {num(std)}" if len(values) > 1 else ""
+    return f"{num(mean)}{spread} ({num((mean + 1) / 2, 2)}; {len(values)} seed{'s' if len(values) > 1 else ''})"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--plot", type=Path, default=None, help="also draw the learning curves here")
+    args = parser.parse_args(argv)
+    curves = {
+        task: [curve(run) for run in sorted((args.root / task).glob("rtrl-seed*")) if (run / "metrics.csv").exists()]
+        for task in TASKS
+    }
+    for task, (random, r2ac, ppo, farr) in TASKS.items():
+        early = [r for c in curves[task] if (r := at(*c, 1e5)) is not None]
+        late = [r for c in curves[task] if (r := at(*c, 3e5)) is not None]
+        ours = (statistics.fmean(early), statistics.pstdev(early)) if early else None
+        print(
+            f"| {task} ({random}) | {cell(early)} | "
+            f"{num(r2ac[0])} ± {num(r2ac[1])} | {num(ppo[0])} ± {num(ppo[1])} | "
+            f"{cell(late)} | {'–' if farr is None else farr} | {verdict(ours, r2ac) if ours else '–'} |"
+        )
+    if args.plot:
+        plot(curves, args.plot)
+
+
+def plot(curves: dict[str, list], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
+    for ax, (task, (random, r2ac, ppo, _)) in zip(axes.flat, TASKS.items()):
+        for frames, returns in curves[task]:
+            ax.plot(frames, returns, lw=1, color="tab:blue", alpha=0.8)
+        ax.axhline(float(random.replace("−", "-")), color="grey", ls=":", lw=1, label="random policy")
+        ax.errorbar([1e5], [r2ac[0]], [r2ac[1]], fmt="o", color="tab:green", capsize=3, label="R2AC at 100k")
+        ax.errorbar([1e5], [ppo[0]], [ppo[1]], fmt="s", color="tab:orange", capsize=3, label="RecurrentPPO at 100k")
+        ax.set_title(f"{task} ({len(curves[task])} seeds)", fontsize=10)
+        ax.set_xlabel("frames")
+        ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
+    axes.flat[0].plot([], [], color="tab:blue", label="streaming, exact RTRL (a line a seed)")
+    axes.flat[0].legend(fontsize=7, loc="lower right")
+    axes.flat[0].set_ylabel("return (mean of the last 100 episodes)")
+    fig.suptitle("POPGym: the streaming agent's training return against frames")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
