@@ -296,9 +296,9 @@ def make_gymnasium(
     except (
         gymnasium.error.DependencyNotInstalled
     ) as err:  # gymnasium's own hint would fetch mujoco 4, which has no engine
-        base = gymnasium.spec(NO_VELOCITY_ENVS.get(name, name))
-        hint = MUJOCO_INSTALL if "mujoco" in str(base.entry_point) else "install the package it names"
-        raise MissingBackendError(f"{env_id} needs a package that is not installed: {err}. Fix: {hint}") from err
+        if "mujoco" in str(gymnasium.spec(NO_VELOCITY_ENVS.get(name, name)).entry_point):
+            raise MissingBackendError(f"{env_id} needs MuJoCo, which is not installed. Fix: {MUJOCO_INSTALL}") from err
+        raise MissingBackendError(f"{env_id} needs a package that is not installed: {err}") from err
     return vectorize([fn] * num_envs, seed=seed, env_id=env_id, vectorization=vectorization)
 
 
