@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> None:
         task: [curve(run) for run in sorted((args.root / task).glob("rtrl-seed*")) if (run / "metrics.csv").exists()]
         for task in TASKS
     }
+    if not any(curves.values()):
+        raise SystemExit(f"no POPGym runs under {args.root}: expected <root>/<task>/rtrl-seed<s>/metrics.csv")
     for task, (random, r2ac, ppo, farr) in TASKS.items():
         early = [r for c in curves[task] if (r := at(*c, 1e5)) is not None]
         late = [r for c in curves[task] if (r := at(*c, 3e5)) is not None]

@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> None:
         data = read_run(run)
         if data is not None:
             groups.setdefault((run.parent.name, name), []).append((int(seed), data))
+    if not groups:
+        raise SystemExit(f"no runs under {args.root}: expected <root>/<task>/<configuration>-seed<s>/metrics.csv")
     header = "| task | configuration | seeds done (running) | last 10 % of training | solved (≥ 0.9) | greedy eval |"
     header += "".join(f" at {at:,.0f} frames (seeds) |" for at in args.at)
     print(header + " minutes a run |")
