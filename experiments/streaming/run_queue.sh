@@ -2,8 +2,8 @@
 # Keeps JOBS (default 2) commands of a queue file (one per line) running, in order: a command starts when fewer than
 # JOBS runs of `onlinerec.rl.streaming.runner` are running and its --out_dir has no run.log yet (so restarting this
 # script skips what has started). Each run logs to <out_dir>/run.log. A leading "python" runs this checkout's .venv.
-# A line "continue <command with a larger --total_frames>" extends a finished run in its folder, once that run has
-# finished (its eval.json exists), logging to <out_dir>/continue.log.
+# A line "continue <command with a larger --total_frames N>" extends a finished run in its folder once no run is
+# going there (and it has an eval.json), logging to <out_dir>/continue-N.log.
 set -u
 queue=${1:-experiments/streaming/queue.txt}
 jobs=${2:-2}
@@ -15,9 +15,9 @@ while IFS= read -r cmd; do
   log=run.log
   if [[ $cmd == continue\ * ]]; then
     cmd=${cmd#continue }
-    log=continue.log
+    log=continue-$(sed -E 's/.*--total_frames ([^ ]+).*/\1/' <<<"$cmd").log
     [ -e "$out/$log" ] && continue
-    while [ ! -e "$out/eval.json" ]; do sleep 30; done
+    while [ ! -e "$out/eval.json" ] || ps -eo args | grep -q -- "streaming.runner.*--out_dir $out\( \|\$\)"; do sleep 30; done
   fi
   [ -e "$out/$log" ] && continue
   while [ "$(ps -eo comm,args | awk '$1 ~ /^python/ && /onlinerec.rl.streaming.runner/' | wc -l)" -ge "$jobs" ]; do sleep 30; done
