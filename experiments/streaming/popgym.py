@@ -13,9 +13,11 @@ or a loss only when the means differ by more than max(the larger std, 0.02), as 
 from __future__ import annotations
 
 import argparse
-import csv
+import math
 import statistics
 from pathlib import Path
+
+from summarize import read_run, return_at  # this folder's run reader (the script's folder is on sys.path)
 
 # task: (the random policy's return as docs/results.md writes it, (R2AC mean, std), (RecurrentPPO mean, std), Farr et al.'s normalised score at 10 M or None)
 TASKS = {
@@ -28,15 +30,9 @@ TASKS = {
 }
 
 
-def curve(run: Path) -> tuple[list[float], list[float]]:
-    with (run / "metrics.csv").open() as f:
-        rows = [r for r in csv.DictReader(f) if r["return"] not in ("", "nan")]
-    return [float(r["frames"]) for r in rows], [float(r["return"]) for r in rows]
-
-
-def at(frames: list[float], returns: list[float], when: float) -> float | None:
-    """The logged return at the first row at or after ``when`` frames (None if the run has not reached it)."""
-    return next((r for f, r in zip(frames, returns) if f >= when), None)
+def reached(rows_of_runs: list[list[dict]], frames: float) -> list[float]:
+    """Each run's logged return at ``frames``, for the runs that have reached it."""
+    return [return_at(rows, frames) for rows in rows_of_runs if rows[-1]["frames"] >= frames]
 
 
 def verdict(ours: tuple[float, float], theirs: tuple[float, float]) -> str:
@@ -64,14 +60,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plot", type=Path, default=None, help="also draw the learning curves here")
     args = parser.parse_args(argv)
     curves = {
-        task: [curve(run) for run in sorted((args.root / task).glob("rtrl-seed*")) if (run / "metrics.csv").exists()]
+        task: [data["rows"] for run in sorted((args.root / task).glob("rtrl-seed*")) if (data := read_run(run))]
         for task in TASKS
     }
     if not any(curves.values()):
         raise SystemExit(f"no POPGym runs under {args.root}: expected <root>/<task>/rtrl-seed<s>/metrics.csv")
     for task, (random, r2ac, ppo, farr) in TASKS.items():
-        early = [r for c in curves[task] if (r := at(*c, 1e5)) is not None]
-        late = [r for c in curves[task] if (r := at(*c, 3e5)) is not None]
+        early, late = reached(curves[task], 1e5), reached(curves[task], 3e5)
         ours = (statistics.fmean(early), statistics.pstdev(early)) if early else None
         print(
             f"| {task} ({random}) | {cell(early)} | "
@@ -90,8 +85,9 @@ def plot(curves: dict[str, list], path: Path) -> None:
 
     fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
     for ax, (task, (random, r2ac, ppo, _)) in zip(axes.flat, TASKS.items()):
-        for frames, returns in curves[task]:
-            ax.plot(frames, returns, lw=1, color="tab:blue", alpha=0.8)
+        for rows in curves[task]:
+            logged = [r for r in rows if math.isfinite(r.get("return", math.nan))]
+            ax.plot([r["frames"] for r in logged], [r["return"] for r in logged], lw=1, color="tab:blue", alpha=0.8)
         ax.axhline(float(random.replace("−", "-")), color="grey", ls=":", lw=1, label="random policy")
         ax.errorbar([1e5], [r2ac[0]], [r2ac[1]], fmt="o", color="tab:green", capsize=3, label="R2AC at 100k")
         ax.errorbar([1e5], [ppo[0]], [ppo[1]], fmt="s", color="tab:orange", capsize=3, label="RecurrentPPO at 100k")

@@ -16,7 +16,6 @@ while IFS= read -r cmd; do
   if [[ $cmd == continue\ * ]]; then
     cmd=${cmd#continue }
     log=continue-$(sed -E 's/.*--total_frames ([^ ]+).*/\1/' <<<"$cmd").log
-    [ -e "$out/$log" ] && continue
     while [ ! -e "$out/eval.json" ] || ps -eo args | grep -q -- "streaming.runner.*--out_dir $out\( \|\$\)"; do sleep 30; done
   fi
   [ -e "$out/$log" ] && continue

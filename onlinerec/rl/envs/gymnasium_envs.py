@@ -293,9 +293,8 @@ def make_gymnasium(
             f"unknown gymnasium env {env_id!r}: {err} (every registered id: python -c 'import gymnasium; "
             "gymnasium.pprint_registry()')"
         ) from err
-    except (
-        gymnasium.error.DependencyNotInstalled
-    ) as err:  # gymnasium's own hint would fetch mujoco 4, which has no engine
+    except gymnasium.error.DependencyNotInstalled as err:
+        # gymnasium's own hint would fetch mujoco 4, which has no engine
         if "mujoco" in str(gymnasium.spec(NO_VELOCITY_ENVS.get(name, name)).entry_point):
             raise MissingBackendError(f"{env_id} needs MuJoCo, which is not installed. Fix: {MUJOCO_INSTALL}") from err
         raise MissingBackendError(f"{env_id} needs a package that is not installed: {err}") from err
