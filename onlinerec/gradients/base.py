@@ -136,6 +136,15 @@ class GradientMethod(ABC):
         carry._give_up()
         return out
 
+    def step(
+        self, cell: ElementwiseCell, inputs: Tensor, reset: Tensor, carry: Carry | StackCarry
+    ) -> tuple[Tensor, Carry | StackCarry]:
+        """One step of B streams with ``carry`` donated: inputs (B, D), reset (B,) bool -> the state (B, ...) (a
+        stack's output) and the new carry, as ``unroll(cell, inputs[None], reset[None], carry, donate=True)`` gives
+        them for M = 1. A streaming learner calls it at every env step."""
+        states, carry = self.unroll(cell, inputs.unsqueeze(0), reset.unsqueeze(0), carry, donate=True)
+        return states[0], carry
+
     @abstractmethod
     def _unroll(self, cell: ElementwiseCell, inputs: Tensor, reset: Tensor, carry: Carry) -> tuple[Tensor, Carry]: ...
 

@@ -81,10 +81,12 @@ class RTRL(SensitivityMethod):
             self._verify(cell, names, params, gates, c0, keep, states, lin, steps)
         return states, lin
 
-    def step_check(self, cell, names, params, c0, keep):
+    def step_check(self, cell, tracked, params, c0, keep):
         steps = self._steps_to_verify(cell, 1)
         if steps is None or torch.is_inference_mode_enabled():
             return None
+        names = tuple(tr.name for tr in tracked if tr.kind == "unit")
+        params = {**params, **{tr.name: params[tr.name].detach() for tr in tracked}}
         return lambda gates, value, lin: self._verify(
             cell, names, params, gates, c0, keep, value.unsqueeze(0), lin, steps
         )

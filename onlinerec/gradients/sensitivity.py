@@ -31,6 +31,7 @@ from onlinerec.gradients import inplace
 from onlinerec.gradients.base import GradientMethod, project, window_features
 from onlinerec.gradients.carry import Carry, blocks_in_place_
 from onlinerec.gradients.derivatives import substituted
+from onlinerec.gradients.fused import fused_online_step
 from onlinerec.gradients.inplace import DeferredCarry, block_mul, carry_in_place, contract, online_step
 from onlinerec.gradients.scan import SECOND_BACKWARD, Linearization, RecomputedBlocks
 
@@ -202,6 +203,31 @@ class SensitivityMethod(GradientMethod):
             return states, Carry(c=states[-1].detach(), window=window, sensitivities=deferred.materialize())
         return states, Carry(c=states[-1].detach(), window=window, sensitivities=sens0, pending=deferred)
 
+    def step(self, cell, inputs, reset, carry):
+        """One donated step; for a cell with a fused step (:mod:`~onlinerec.gradients.fused`) and an exact, unscaled
+        carry of its own, that step with only the checks it needs (it does not run the cell's recurrence, so there is
+        nothing of the cell's to verify); otherwise :meth:`unroll`."""
+        if (
+            type(carry) is Carry
+            and carry.window is None
+            and self.exact_carry(cell)
+            and isinstance(inputs, Tensor)
+            and inputs.dim() == 2
+            and inputs.shape[1] == cell.input_size
+            and isinstance(reset, Tensor)
+            and reset.dtype == torch.bool
+            and tuple(reset.shape) == (inputs.shape[0],) == (carry.batch_size,)
+        ):
+            sens, scale = carry.raw_sensitivities()  # raises for a carry donated already
+            if scale is None and self._in_place_ok(sens):
+                keep = (~reset).to(inputs.dtype).unsqueeze(0)
+                fused = fused_online_step(cell, dict(cell.named_parameters()), inputs.unsqueeze(0), keep, carry.c, sens)
+                if fused is not None:
+                    state, value, new_sens = fused
+                    carry._give_up()
+                    return state, Carry(c=value, sensitivities=new_sens)
+        return super().step(cell, inputs, reset, carry)
+
     def _unroll_one_step(self, cell, tracked, params, inputs, reset, carry, donate=False) -> tuple[Tensor, Carry]:
         """M = 1 (fully online). With one step, the exact gradient of every tracked parameter is sum_b e_1[b] * S_1[b],
         e_1 = dL/dc_1 and S_1 the new carry, which already holds both the carried and the immediate part. So the
@@ -213,11 +239,14 @@ class SensitivityMethod(GradientMethod):
         keep = (~reset).to(inputs.dtype)
         feats, window = window_features(cell, inputs, keep, carry.window)
         if donate and self._online_ok(tracked, carry):  # a small carry: the lean step (inplace.online_step)
-            names = tuple(tr.name for tr in tracked if tr.kind == "unit")
-            frozen = {**params, **{tr.name: params[tr.name].detach() for tr in tracked}}
-            check = self.step_check(cell, names, frozen, carry.c, keep)
             sens = carry.raw_sensitivities()[0]
-            state, value, new_sens = online_step(cell, tracked, names, params, feats, keep, carry.c, sens, check)
+            check = self.step_check(cell, tracked, params, carry.c, keep)
+            # a cell with a fused step (gradients/fused.py) takes it on the steps that are not verified
+            fused = None if check is not None else fused_online_step(cell, params, feats, keep, carry.c, sens)
+            if fused is None:
+                names = tuple(tr.name for tr in tracked if tr.kind == "unit")
+                fused = online_step(cell, tracked, names, params, feats, keep, carry.c, sens, check)
+            state, value, new_sens = fused
             return state.unsqueeze(0), Carry(c=value, window=window, sensitivities=new_sens)
         frozen = {tr.name: params[tr.name].detach() for tr in tracked}
         with substituted(cell, frozen):
@@ -251,7 +280,7 @@ class SensitivityMethod(GradientMethod):
         )
 
     def step_check(
-        self, cell: ElementwiseCell, names: tuple[str, ...], params: dict[str, Tensor], c0: Tensor, keep: Tensor
+        self, cell: ElementwiseCell, tracked: list[Tracked], params: dict[str, Tensor], c0: Tensor, keep: Tensor
     ) -> Callable[[Tensor, Tensor, Linearization], None] | None:
         """A check of this fully online step's linearisation (RTRL's sampled verification), or None."""
         return None

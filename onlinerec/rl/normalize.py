@@ -10,6 +10,10 @@ by its running mean and standard deviation, then clipped.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
@@ -93,6 +97,23 @@ class RunningMeanStd(nn.Module):
         self.var.copy_(m2 / count)
         self.count.copy_(count)
 
+    @torch.no_grad()
+    def update_scalar(self, value: float) -> float:
+        """Fold one sample of scalar statistics kept on the CPU (shape ``()``) and return the new :attr:`std`: the
+        one-sample update of :meth:`update`, the same float64 arithmetic in Python floats, without a dozen tensor
+        calls (a streaming agent makes one per env step)."""
+        if self.shape or self.mean.device.type != "cpu":
+            raise ValueError("update_scalar keeps scalar statistics on the CPU; use update() for these.")
+        n, mean, var = self.count.item(), self.mean.item(), self.var.item()
+        count = n + 1.0
+        delta = value - mean
+        m2 = var * n + delta * delta * n / count
+        var = m2 / count
+        self.mean.fill_(mean + delta / count)
+        self.var.fill_(var)
+        self.count.fill_(count)
+        return math.sqrt(var + self.eps)
+
     def extra_repr(self) -> str:
         return f"shape={self.shape}, eps={self.eps}"
 
@@ -133,6 +154,30 @@ class ObservationNormalizer(RunningMeanStd):
         out = (x - self.mean.to(x.dtype)) / self.std.to(x.dtype)
         out = out.clamp(-self.clip, self.clip) if self.clip > 0 else out
         return out if self.keep is None else torch.where(self.keep, x, out)
+
+    @torch.no_grad()
+    def update_and_normalize_one(self, obs: Any) -> Tensor:
+        """One observation (an array or tensor of ``shape``), statistics on the CPU: ``update(x[None])`` then
+        ``forward(x)`` for x = obs as float32, returned as (1, D), computed in NumPy on the buffers' own memory: the
+        same float64 and float32 arithmetic, without thirty tensor calls (a streaming agent makes one per env step)."""
+        if self.mean.device.type != "cpu" or (dist.is_available() and dist.is_initialized()):
+            raise ValueError("update_and_normalize_one keeps statistics on one CPU process; use update(), forward().")
+        x = obs.numpy(force=True) if isinstance(obs, Tensor) else np.asarray(obs)
+        x = x.astype(np.float32).reshape(self.shape)
+        mean, var = self.mean.numpy(), self.var.numpy()  # views: writes land in the buffers
+        n = self.count.item()
+        count = n + 1.0
+        delta = x.astype(np.float64) - mean
+        m2 = var * n + delta * delta * n / count
+        mean += delta / count
+        var[...] = m2 / count
+        self.count.fill_(count)
+        out = (x - mean.astype(np.float32)) / np.sqrt(var + self.eps).astype(np.float32)
+        if self.clip > 0:
+            out = np.clip(out, -self.clip, self.clip)
+        if self.keep is not None:
+            out = np.where(self.keep.numpy(), x, out)
+        return torch.from_numpy(out).reshape(1, -1)
 
     def extra_repr(self) -> str:
         kept = "" if self.keep is None else f", kept={int(self.keep.sum())}"

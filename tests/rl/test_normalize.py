@@ -39,3 +39,27 @@ def test_scalar_returns_one_at_a_time_equal_the_closed_form():
     mean, var = prior_and_samples(returns[:, None])
     torch.testing.assert_close(norm.mean, mean[0], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(norm.var, var[0], rtol=1e-10, atol=0)
+
+
+def test_the_host_paths_equal_the_tensor_updates():
+    """The streaming agent's NumPy / Python-float paths: the same statistics bit for bit, the same normalised
+    observations (clipped, and with features kept as they are), the same return scale to the last bit but one."""
+    gen = torch.Generator().manual_seed(2)
+    obs = torch.randn(500, 6, generator=gen, dtype=torch.float64) * torch.tensor([1.0, 1e-3, 1e3, 5.0, 1.0, 1.0]) + 3.0
+    keep = torch.tensor([False, False, False, False, True, False])
+    for clip, kept in ((0.0, None), (2.0, keep)):
+        tensors, host = ObservationNormalizer((6,), clip=clip, keep=kept), ObservationNormalizer((6,), clip, keep=kept)
+        for row in obs:
+            x = row.float()[None]
+            tensors.update(x)
+            got = host.update_and_normalize_one(row.numpy())
+            assert torch.equal(got, tensors(x))
+            for name in ("mean", "var", "count"):
+                assert torch.equal(getattr(host, name), getattr(tensors, name)), name
+    tensors, host = ReturnNormalizer(), ReturnNormalizer()
+    for r in (obs[:, 2] - 3.0).tolist():
+        tensors.update(torch.tensor(r, dtype=torch.float64))
+        std = host.update_scalar(r)
+        for name in ("mean", "var", "count"):
+            assert torch.equal(getattr(host, name), getattr(tensors, name)), name
+        assert abs(std - float(tensors.std)) <= 2e-16 * std  # sqrt: NumPy and torch may differ in the last bit

@@ -60,8 +60,8 @@ class StreamNet(nn.Module):
         comes from ``method`` (RTRL: exact, through the carried sensitivities; TBPTT: this step only)."""
         if self.core is None:
             return self.top(_dense(self.encoder, obs, self.width)), carry
-        states, carry = method.unroll(self.core, obs.unsqueeze(0), reset.unsqueeze(0), carry, donate=True)
-        return self.top(_output(self.core, states[0], obs)), carry
+        state, carry = method.step(self.core, obs, reset, carry)
+        return self.top(_output(self.core, state, obs)), carry
 
     @torch.no_grad()
     def peek(self, obs: Tensor, carry: Carry | StackCarry | None) -> Tensor:

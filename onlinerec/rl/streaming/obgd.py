@@ -40,13 +40,14 @@ class ObGD(nn.Module):
         if not self.params:
             raise ValueError("ObGD needs at least one parameter that requires grad.")
         self.lr, self.decay, self.kappa = float(lr), float(gamma) * float(lam), float(kappa)
-        for i, p in enumerate(self.params):
-            self.register_buffer(f"trace_{i}", torch.zeros_like(p))
+        self._trace_names = [f"trace_{i}" for i in range(len(self.params))]
+        for name, p in zip(self._trace_names, self.params):
+            self.register_buffer(name, torch.zeros_like(p))
 
     @property
     def traces(self) -> list[Tensor]:
         """z, one per parameter, in the order of ``params``."""
-        return [getattr(self, f"trace_{i}") for i in range(len(self.params))]
+        return [self._buffers[name] for name in self._trace_names]
 
     @torch.no_grad()
     def step(self, delta: Tensor, reset: bool) -> Tensor:
