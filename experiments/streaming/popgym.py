@@ -2,12 +2,13 @@
 
     python experiments/streaming/popgym.py runs/stream_evidence --plot docs/img/stream_popgym.png
 
-Rows: the training return (the mean of the last 100 episodes) at 100,000 and 300,000 frames, mean ± std over the seeds
-that reached it, with Farr et al.'s normalised score (R + 1) / 2 in brackets (POPGym's returns lie in [-1, 1]); beside
+Rows: the training return (the mean of the last 100 episodes) at 100,000, 300,000 and 1,000,000 frames, mean ± std over
+the seeds that reached it, with Farr et al.'s normalised score (R + 1) / 2 in brackets (POPGym's returns lie in [-1, 1]); beside
 it R2AC's and RecurrentPPO's return at 100,000 frames (docs/results.md: the memory suite and the held-out table,
 `popgym.yaml` and RecurrentPPO's better setting), Farr et al.'s normalised score at 10 M frames on the three tasks
 whose score we quote (their envs are JAX ports of POPGym's), and the verdict against R2AC at 100,000 frames: a win
-or a loss only when the means differ by more than max(the larger std, 0.02), as in docs/results.md.
+or a loss only when the means differ by more than max(the larger std, 0.02), as in docs/results.md. Then, where
+RecurrentPPO's CPU time is known, the return the streaming runs reach in that time (at their own logged speed).
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ TASKS = {
     "HigherLowerEasy": ("0.006", (0.492, 0.015), (0.501, 0.004), None),
     "ConcentrationEasy": ("−0.198", (-0.160, 0.008), (-0.213, 0.012), None),
 }
+
+
+RECURRENT_PPO_MINUTES = {"RepeatPreviousEasy": 2.5, "RepeatFirstEasy": 2.5}
+"""RecurrentPPO's CPU minutes for 100,000 frames of these tasks (docs/results.md: 2.4-2.6)."""
 
 
 def reached(rows_of_runs: list[list[dict]], frames: float) -> list[float]:
@@ -59,20 +64,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("root", type=Path)
     parser.add_argument("--plot", type=Path, default=None, help="also draw the learning curves here")
     args = parser.parse_args(argv)
-    curves = {
-        task: [data["rows"] for run in sorted((args.root / task).glob("rtrl-seed*")) if (data := read_run(run))]
+    runs = {
+        task: [data for run in sorted((args.root / task).glob("rtrl-seed*")) if (data := read_run(run))]
         for task in TASKS
     }
+    curves = {task: [data["rows"] for data in found] for task, found in runs.items()}
     if not any(curves.values()):
         raise SystemExit(f"no POPGym runs under {args.root}: expected <root>/<task>/rtrl-seed<s>/metrics.csv")
     for task, (random, r2ac, ppo, farr) in TASKS.items():
-        early, late = reached(curves[task], 1e5), reached(curves[task], 3e5)
+        early, late, longest = (reached(curves[task], frames) for frames in (1e5, 3e5, 1e6))
         ours = (statistics.fmean(early), statistics.pstdev(early)) if early else None
         print(
             f"| {task} ({random}) | {cell(early)} | "
             f"{num(r2ac[0])} ± {num(r2ac[1])} | {num(ppo[0])} ± {num(ppo[1])} | "
-            f"{cell(late)} | {'–' if farr is None else farr} | {verdict(ours, r2ac) if ours else '–'} |"
+            f"{cell(late)} | {cell(longest)} | {'–' if farr is None else farr} | "
+            f"{verdict(ours, r2ac) if ours else '–'} |"
         )
+    for task, minutes in RECURRENT_PPO_MINUTES.items():
+        # the frames each run makes in RecurrentPPO's minutes, at the run's own logged speed
+        at = [
+            return_at(d["rows"], minutes * d["total"] / d["minutes"]) for d in runs[task] if math.isfinite(d["minutes"])
+        ]
+        frames = [minutes * d["total"] / d["minutes"] for d in runs[task] if math.isfinite(d["minutes"])]
+        if at:
+            print(f"{task} in {minutes} minutes (about {statistics.fmean(frames):,.0f} frames): {cell(at)}")
     if args.plot:
         plot(curves, args.plot)
 

@@ -11,7 +11,7 @@ from onlinerec import RTRL, TBPTT, LRUCell, RTUCell
 from onlinerec.cells import Stack
 from onlinerec.gradients.check import bptt_gradients
 from onlinerec.gradients.fused import fused_online_step
-from tests.helpers import rel_err
+from tests.helpers import on, rel_err
 
 
 def _online(cell, inputs, reset, weights, method=None, by_step=False):
@@ -54,11 +54,12 @@ def _weights(problem, shape):
 
 @pytest.mark.parametrize("by_step", [False, True], ids=["unroll", "step"])
 @pytest.mark.parametrize("layers", [1, 2])
-def test_fused_rtu_step_equals_the_generic_step_and_full_bptt(layers, by_step, problem, monkeypatch):
+def test_fused_rtu_step_equals_the_generic_step_and_full_bptt(layers, by_step, problem, monkeypatch, device):
     inputs, reset, _, d, n = problem
     torch.manual_seed(0)
-    cell = (RTUCell(d, n) if layers == 1 else Stack([RTUCell(d, n), RTUCell(2 * n, n)])).double()
+    cell = (RTUCell(d, n) if layers == 1 else Stack([RTUCell(d, n), RTUCell(2 * n, n)])).double().to(device)
     weights = _weights(problem, cell.state_shape if layers == 1 else (cell.output_size,))
+    inputs, reset, weights = on(device, inputs, reset, weights)
     taken = _counted(monkeypatch)
     grads, x_grad, states, carry = _online(cell, inputs, reset, weights, by_step=by_step)
     assert taken and all(taken)  # every step of every layer took the fused form
