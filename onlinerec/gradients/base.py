@@ -142,6 +142,14 @@ class GradientMethod(ABC):
         """One step of B streams with ``carry`` donated: inputs (B, D), reset (B,) bool -> the state (B, ...) (a
         stack's output) and the new carry, as ``unroll(cell, inputs[None], reset[None], carry, donate=True)`` gives
         them for M = 1. A streaming learner calls it at every env step."""
+        if not isinstance(inputs, Tensor) or inputs.dim() != 2:
+            shape = tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__
+            raise ValueError(
+                f"step takes one step of B streams, inputs (B, D); got {shape}. For a segment of M steps (M, B, D), "
+                "call unroll."
+            )
+        if isinstance(reset, Tensor) and reset.dim() != 1:
+            raise ValueError(f"step takes reset of shape (B,), one flag a stream; got {tuple(reset.shape)}.")
         states, carry = self.unroll(cell, inputs.unsqueeze(0), reset.unsqueeze(0), carry, donate=True)
         return states[0], carry
 

@@ -151,3 +151,13 @@ def test_step_gives_up_the_carry(problem):
     _, newer = method.step(cell, inputs[1], reset[1], new)
     with pytest.raises(ValueError, match="input_size"):  # a wrong shape gets unroll's checks and messages
         method.step(cell, inputs[2][:, :2], reset[2], newer)
+
+
+def test_step_names_a_segment_given_to_it(problem):
+    inputs, reset, _, d, n = problem
+    cell, method = RTUCell(d, n).double(), RTRL()
+    carry = method.init_carry(cell, inputs.shape[1])
+    with pytest.raises(ValueError, match=r"inputs \(B, D\); got \(23, 4, 3\).*call unroll"):
+        method.step(cell, inputs, reset, carry)
+    with pytest.raises(ValueError, match=r"reset of shape \(B,\)"):
+        method.step(cell, inputs[0], reset[:1], carry)
