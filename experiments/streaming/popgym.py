@@ -81,13 +81,13 @@ def main(argv: list[str] | None = None) -> None:
             f"{verdict(ours, r2ac) if ours else '–'} |"
         )
     for task, minutes in RECURRENT_PPO_MINUTES.items():
-        # the frames each run makes in RecurrentPPO's minutes, at the run's own logged speed
-        at = [
-            return_at(d["rows"], minutes * d["total"] / d["minutes"]) for d in runs[task] if math.isfinite(d["minutes"])
-        ]
-        frames = [minutes * d["total"] / d["minutes"] for d in runs[task] if math.isfinite(d["minutes"])]
-        if at:
-            print(f"{task} in {minutes} minutes (about {statistics.fmean(frames):,.0f} frames): {cell(at)}")
+        # the frames each run makes in RecurrentPPO's minutes, at the run's own logged speed (runs that got there)
+        frames = {id(d): minutes * d["total"] / d["minutes"] for d in runs[task] if math.isfinite(d["minutes"])}
+        there = [d for d in runs[task] if id(d) in frames and d["rows"][-1]["frames"] >= frames[id(d)]]
+        if there:
+            at = [return_at(d["rows"], frames[id(d)]) for d in there]
+            mean_frames = statistics.fmean(frames[id(d)] for d in there)
+            print(f"{task} in {minutes} minutes (about {mean_frames:,.0f} frames): {cell(at)}")
     if args.plot:
         plot(curves, args.plot)
 
