@@ -148,7 +148,10 @@ class GradientMethod(ABC):
                 f"step takes one step of B streams, inputs (B, D); got {shape}. For a segment of M steps (M, B, D), "
                 "call unroll."
             )
-        if isinstance(reset, Tensor) and reset.dim() != 1:
+        if not isinstance(reset, Tensor) or reset.dtype != torch.bool:
+            what = reset.dtype if isinstance(reset, Tensor) else type(reset).__name__
+            raise TypeError(f"step takes reset as a bool tensor (B,), got {what}; use reset.bool().")
+        if reset.dim() != 1:
             raise ValueError(f"step takes reset of shape (B,), one flag a stream; got {tuple(reset.shape)}.")
         states, carry = self.unroll(cell, inputs.unsqueeze(0), reset.unsqueeze(0), carry, donate=True)
         return states[0], carry

@@ -161,3 +161,5 @@ def test_step_names_a_segment_given_to_it(problem):
         method.step(cell, inputs, reset, carry)
     with pytest.raises(ValueError, match=r"reset of shape \(B,\)"):
         method.step(cell, inputs[0], reset[:1], carry)
+    with pytest.raises(TypeError, match=r"bool tensor \(B,\), got torch.float64; use reset.bool\(\)"):
+        method.step(cell, inputs[0], reset[0].double(), carry)
