@@ -63,14 +63,12 @@ def fused_online_step(
     """The fully online step of ``cell`` in fused form, or None where none applies (any cell but a plain linear
     :class:`~onlinerec.cells.RTUCell`, other tracked parameters, mixed dtypes, autocast). Arguments and results as
     :func:`~onlinerec.gradients.inplace.online_step`: features (1, B, F), keep (1, B), the state c0 (B, 2, N) and the
-    donated sensitivities, updated in place."""
+    donated sensitivities, updated in place (contiguous, as the caller's in-place check ensures)."""
     if type(cell) is not RTUCell or cell.nonlinear or tuple(sens) != _RTU_TRACKED:
         return None
     weight, nu_log, theta_log = (params[k] for k in _RTU_TRACKED)
     dtype = c0.dtype
     if torch.is_autocast_enabled() or any(t.dtype != dtype for t in (weight, feats, *sens.values())):
-        return None
-    if not all(s.is_contiguous() for s in sens.values()):
         return None
     s_w, s_nu, s_theta = sens.values()
     n = cell.hidden_size

@@ -35,6 +35,15 @@ def discounted_returns(start: Tensor, rewards: Tensor, done: Tensor, discount: f
     return torch.stack(out), ret
 
 
+def fold_one(mean, var, count, x):
+    """(mean, var, count) after one more sample x: Chan et al.'s update with n = 1, on floats, NumPy arrays or tensors
+    alike (the same float64 arithmetic in each)."""
+    new_count = count + 1.0
+    delta = x - mean
+    m2 = var * count + delta * delta * count / new_count
+    return mean + delta / new_count, m2 / new_count, new_count
+
+
 class RunningMeanStd(nn.Module):
     """Running per-feature mean and variance of samples of shape ``shape`` (Chan et al.'s parallel update, sb3's
     ``RunningMeanStd``: mean 0, var 1 and a count of 1e-4 to start), as float64 buffers: they are checkpointed with
@@ -77,11 +86,9 @@ class RunningMeanStd(nn.Module):
                 return
             total, squares = total.reshape(self.shape), squares.reshape(self.shape)
         elif x.shape[0] == 1:  # one sample (a streaming agent's step): the update below with n = 1, batch_var = 0
-            count = self.count + 1.0
-            delta = x[0] - self.mean
-            m2 = self.var * self.count + delta**2 * self.count / count
-            self.mean.add_(delta / count)
-            self.var.copy_(m2 / count)
+            mean, var, count = fold_one(self.mean, self.var, self.count, x[0])
+            self.mean.copy_(mean)
+            self.var.copy_(var)
             self.count.copy_(count)
             return
         else:  # one process: the same arithmetic without packing the moments
@@ -104,12 +111,8 @@ class RunningMeanStd(nn.Module):
         calls (a streaming agent makes one per env step)."""
         if self.shape or self.mean.device.type != "cpu":
             raise ValueError("update_scalar keeps scalar statistics on the CPU; use update() for these.")
-        n, mean, var = self.count.item(), self.mean.item(), self.var.item()
-        count = n + 1.0
-        delta = value - mean
-        m2 = var * n + delta * delta * n / count
-        var = m2 / count
-        self.mean.fill_(mean + delta / count)
+        mean, var, count = fold_one(self.mean.item(), self.var.item(), self.count.item(), value)
+        self.mean.fill_(mean)
         self.var.fill_(var)
         self.count.fill_(count)
         return math.sqrt(var + self.eps)
@@ -165,12 +168,7 @@ class ObservationNormalizer(RunningMeanStd):
         x = obs.numpy(force=True) if isinstance(obs, Tensor) else np.asarray(obs)
         x = x.astype(np.float32).reshape(self.shape)
         mean, var = self.mean.numpy(), self.var.numpy()  # views: writes land in the buffers
-        n = self.count.item()
-        count = n + 1.0
-        delta = x.astype(np.float64) - mean
-        m2 = var * n + delta * delta * n / count
-        mean += delta / count
-        var[...] = m2 / count
+        mean[...], var[...], count = fold_one(mean, var, self.count.item(), x.astype(np.float64))
         self.count.fill_(count)
         out = (x - mean.astype(np.float32)) / np.sqrt(var + self.eps).astype(np.float32)
         if self.clip > 0:
