@@ -28,7 +28,7 @@ from onlinerec.rl.normalize import ObservationNormalizer, ReturnNormalizer
 from onlinerec.rl.policy import make_head
 from onlinerec.rl.spaces import space_spec
 from onlinerec.rl.streaming.config import StreamACConfig
-from onlinerec.rl.streaming.network import StreamNet
+from onlinerec.rl.streaming.network import StreamNet, action_features
 from onlinerec.rl.streaming.obgd import ObGD
 
 __all__ = ["StreamAC"]
@@ -72,20 +72,27 @@ class StreamAC(nn.Module):
         self.obs_size = int(math.prod(obs["shape"]))
         self.method = METHODS.resolve(method)() if isinstance(method, str) else method
 
+        width = config.width
+        self.extra_size = _action_features_size(action_space) + 1 if config.prev_action_reward else 0
+        core_input = (width if config.embed else self.obs_size) + self.extra_size
+
         def core():
             if cell is None:
                 return None
             kwargs = {**(cell_kwargs or {}), **({"layers": layers} if layers is not None else {})}
-            return make_cell(cell, self.obs_size, hidden_size, **kwargs)
+            return make_cell(cell, core_input, hidden_size, **kwargs)
 
-        width = config.width
+        shape = dict(embed=config.embed, extra_size=self.extra_size)
         self.actor = StreamNet(
-            self.obs_size, width, core(), make_head(action_space, width, state_dependent_std=True), config.sparsity
-        )
-        self.critic = StreamNet(self.obs_size, width, core(), nn.Linear(width, 1), config.sparsity)
+            self.obs_size, width, core(), make_head(action_space, width, state_dependent_std=True), config.sparsity,
+            **shape,
+        )  # fmt: skip
+        self.critic = StreamNet(self.obs_size, width, core(), nn.Linear(width, 1), config.sparsity, **shape)
         self.obs_norm = ObservationNormalizer((self.obs_size,), clip=0.0) if config.obs_norm else None
         self.return_norm = ReturnNormalizer() if config.reward_norm else None
         self.register_buffer("running_return", torch.zeros((), dtype=torch.float64))
+        if self.extra_size:  # the previous action's features and reward, as the next step's core reads them
+            self.register_buffer("previous", torch.zeros(1, self.extra_size))
         self.actor_opt = ObGD(self.actor.parameters(), config.lr, config.discount, config.trace_lambda,
                               config.kappa_policy)  # fmt: skip
         self.critic_opt = ObGD(self.critic.parameters(), config.lr, config.discount, config.trace_lambda,
@@ -119,8 +126,13 @@ class StreamAC(nn.Module):
         """Sample an action for observation x (1, D) (``reset``: the first step of an episode) and keep what
         :meth:`learn` needs. Returns the action as the env takes it, (1, ...)."""
         flag = torch.full((1,), bool(reset), device=x.device)  # filled on the device: no copy from the host
-        params, self.carries["actor"] = self.actor.step(x, flag, self.carries["actor"], self.method)
-        value, self.carries["critic"] = self.critic.step(x, flag, self.carries["critic"], self.method)
+        extra = None
+        if self.extra_size:
+            if reset:
+                self.previous.zero_()
+            extra = self.previous.clone()
+        params, self.carries["actor"] = self.actor.step(x, flag, self.carries["actor"], self.method, extra)
+        value, self.carries["critic"] = self.critic.step(x, flag, self.carries["critic"], self.method, extra)
         head = self.actor.head
         action = head.sample(params.detach())
         self._pending = (params, value[:, 0], action)
@@ -144,9 +156,14 @@ class StreamAC(nn.Module):
         self._pending = None
         cfg, head = self.config, self.actor.head
         with torch.no_grad():
-            target = self._scaled(reward, terminated, value)
+            scaled = self._scaled(reward, terminated, value)
+            extra = None
+            if self.extra_size:  # what the next step reads: this action and reward
+                extra = torch.cat([action_features(head, action, value.dtype), scaled.reshape(1, 1)], dim=-1)
+                self.previous.copy_(extra)
+            target = scaled
             if not terminated and x_next is not None:
-                target = target + cfg.discount * self.critic.peek(x_next, self.carries["critic"])[0, 0]
+                target = target + cfg.discount * self.critic.peek(x_next, self.carries["critic"], extra)[0, 0]
             delta = target - value.detach()[0]
         objective = head.log_prob(params, action) + cfg.entropy_cost * torch.sign(delta) * head.entropy(params) + value
         for p in self._parameters_list:
@@ -208,3 +225,10 @@ class StreamAC(nn.Module):
             return value
 
         return load_carry(move(state))
+
+
+def _action_features_size(action_space: Any) -> int:
+    """Width of :func:`~onlinerec.rl.streaming.network.action_features` for ``action_space``'s actions (known before
+    the head is built: the networks are built in the order their random initialisation has always drawn)."""
+    spec = space_spec(action_space)
+    return int(spec["n"]) if spec["type"] == "Discrete" else int(math.prod(spec.get("shape", (1,))))

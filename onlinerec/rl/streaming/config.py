@@ -27,6 +27,15 @@ class StreamACConfig:
     width: int = 128
     """Width of the dense layer between the recurrent core and the head (each network: observation -> core -> width ->
     head; without a core, stream-x's two layers of this width)."""
+    embed: bool = False
+    """An embedding (Linear -> LayerNorm -> leaky ReLU, ``width`` wide) between the observation and the core, whose
+    output also passes around the core to the dense layer above it: the RTU authors' network (Elelimy et al. 2024).
+    It can code conjunctions of observation features that a linear recurrence cannot form; it learns from each
+    step's own gradient (exact RTRL covers the core and what is above it)."""
+    prev_action_reward: bool = False
+    """The core also reads the previous action (one-hot, or the normalised Box action) and the previous reward
+    (divided by the same running std as the TD error's), zeros at an episode's first step: what tells a core whose
+    state starts at zero that the episode has just begun."""
     sparsity: float = 0.9
     """Share of each dense layer's input weights set to zero at initialisation (stream-x's sparse initialisation)."""
     obs_norm: bool = True
@@ -48,5 +57,8 @@ class StreamACConfig:
                 raise ValueError(f"StreamACConfig.{name} must be a number > 0, got {value!r}.")
         if isinstance(self.entropy_cost, bool) or not self.entropy_cost >= 0:
             raise ValueError(f"StreamACConfig.entropy_cost must be a number >= 0, got {self.entropy_cost!r}.")
+        for name in ("embed", "prev_action_reward", "obs_norm", "reward_norm", "bootstrap_truncation"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"StreamACConfig.{name} must be true or false, got {getattr(self, name)!r}.")
         if isinstance(self.width, bool) or not isinstance(self.width, int) or self.width < 1:
             raise ValueError(f"StreamACConfig.width must be a positive int, got {self.width!r}.")

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from onlinerec.gradients import TBPTT
+from onlinerec.rl.streaming.network import action_features
 
 __all__ = ["EvaluationActor", "export_stream_policy"]
 
@@ -25,6 +26,7 @@ class EvaluationActor:
         self.agent = agent
         self.net = agent.actor
         self.carries: dict[str, Any] = {}
+        self.previous_actions: dict[str, Tensor] = {}  # each stream's last action, as the core reads it
 
     @property
     def training(self) -> bool:
@@ -43,6 +45,7 @@ class EvaluationActor:
 
     def reset_streams(self, stream: str) -> None:
         self.carries.pop(stream, None)
+        self.previous_actions.pop(stream, None)
 
     def env_actions(self, actions: Tensor) -> Tensor:
         return self.net.head.env_actions(actions)
@@ -56,9 +59,27 @@ class EvaluationActor:
         carry = self.carries.get(stream)
         if carry is None and self.net.core is not None:
             carry = TBPTT().init_carry(self.net.core, x.shape[0])
-        params, self.carries[stream] = self.net.step(x, reset.bool(), carry, TBPTT())
-        head = self.net.head
-        return (head.mode(params) if greedy else head.sample(params)), params
+        extra, head = None, self.net.head
+        if self.agent.extra_size:
+            previous = self.previous_actions.get(stream)
+            if previous is None:
+                previous = x.new_zeros(x.shape[0], self.agent.extra_size - 1)
+            extra = previous_inputs(self.agent.return_norm, previous, reward, reset)
+        params, self.carries[stream] = self.net.step(x, reset.bool(), carry, TBPTT(), extra)
+        actions = head.mode(params) if greedy else head.sample(params)
+        if self.agent.extra_size:
+            self.previous_actions[stream] = action_features(head, actions, x.dtype)
+        return actions, params
+
+
+def previous_inputs(return_norm: nn.Module | None, previous: Tensor, reward: Tensor, reset: Tensor) -> Tensor:
+    """The core's extra inputs for B streams acting with fixed weights: each stream's previous action features (B, F)
+    and the reward that came with this observation, divided by the return's std as in training (``return_norm``);
+    zeros where ``reset`` marks an episode's first step."""
+    r = reward.reshape(-1, 1).to(previous.dtype)
+    if return_norm is not None:
+        r = r / return_norm.std.to(previous.dtype)
+    return torch.cat([previous, r], dim=-1) * (~reset.bool()).unsqueeze(-1).to(previous.dtype)
 
 
 class _Step(nn.Module):
@@ -66,7 +87,8 @@ class _Step(nn.Module):
 
     def __init__(self, agent: Any, output: str, greedy: bool, template: Any) -> None:
         super().__init__()
-        self.net, self.obs_norm = agent.actor, agent.obs_norm
+        self.net, self.obs_norm, self.return_norm = agent.actor, agent.obs_norm, agent.return_norm
+        self.extra_size = agent.extra_size
         self.template, self.output, self.greedy = template, output, greedy
 
     def forward(self, obs: Tensor, reward: Tensor, reset: Tensor, state: list[Tensor]):
@@ -76,29 +98,42 @@ class _Step(nn.Module):
         if self.obs_norm is not None:
             x = self.obs_norm(x)
         carry = None if self.template is None else unflatten_carry(self.template, state, 0)[0]
-        params, carry = self.net.step(x, reset, carry, TBPTT())
-        new_state = list(state) if carry is None else flatten_carry(carry)
+        extra = previous_inputs(self.return_norm, state[-1], reward, reset) if self.extra_size else None
+        params, carry = self.net.step(x, reset, carry, TBPTT(), extra)
+        new_state = [state[0]] if carry is None else flatten_carry(carry)
         if self.output == "params":
             return params, new_state
         head = self.net.head
-        return head.env_actions(head.mode(params) if self.greedy else head.sample(params)), new_state
+        actions = head.mode(params) if self.greedy else head.sample(params)
+        if self.extra_size:  # the state ends with this step's action, which the next step reads
+            new_state.append(action_features(head, actions, x.dtype))
+        return head.env_actions(actions), new_state
 
 
 def export_stream_policy(agent: Any, path: str | Path, *, output: str = "action", greedy: bool = True) -> Path:
     """Write the streaming agent's policy (its actor network and observation normaliser) as a TorchScript file that
-    loads with torch alone: ``policy.initial_state(B)``, then ``action, state = policy(obs, reset, state)`` per step
-    (``output="params"``: the distribution's parameters; ``greedy=False``: sampled actions). The agent is not
+    loads with torch alone: ``policy.initial_state(B)``, then ``action, state = policy(obs, reset, state, reward)`` per
+    step (``output="params"``: the distribution's parameters; ``greedy=False``: sampled actions). ``reward`` is the
+    reward that came with ``obs``, which a policy with ``prev_action_reward`` reads (its state also keeps its last
+    action); other policies ignore it. The agent is not
     modified (a copy goes to the CPU)."""
     from onlinerec.rl.export import flatten_carry, write_policy
 
     if output not in ("action", "params"):
         raise ValueError(f"output must be 'action' or 'params', got {output!r}.")
+    if output == "params" and agent.extra_size:
+        raise ValueError(
+            "this policy reads its previous action (prev_action_reward), which it cannot know when it gives only the "
+            "distribution's parameters; export it with output='action'."
+        )
     model = copy.deepcopy(agent).cpu().eval()
     model.requires_grad_(False)
     dtype = next(model.parameters()).dtype
     core = model.actor.core
     template = None if core is None else TBPTT().init_carry(core, 1, device="cpu", dtype=dtype)
     shapes = [[0]] if template is None else [list(t.shape[1:]) for t in flatten_carry(template)]
+    if model.extra_size:
+        shapes.append([model.extra_size - 1])  # the previous action's features
     step = _Step(model, output, greedy, template).eval()
     metadata = {
         "format": "onlinerec streaming policy v1",

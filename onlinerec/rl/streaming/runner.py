@@ -183,6 +183,8 @@ def _check_run_folder(out: Path, config: dict[str, Any], ckpt_path: Path, resume
             "(--resume true)."
         )
     stored = json.loads(stored_path.read_text())
+    # a setting added to the algorithm after that run was made: the run had its default
+    stored["stream"] = {**_config_dict(StreamExperiment())["stream"], **stored.get("stream", {})}
     changed = sorted(k for k in set(stored) | set(config) if k not in RESUMABLE and stored.get(k) != config.get(k))
     if changed:
         detail = ", ".join(f"{k}: {stored.get(k)!r} -> {config.get(k)!r}" for k in changed)

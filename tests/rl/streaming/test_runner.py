@@ -16,6 +16,7 @@ from tests.helpers import needs_cuda  # noqa: E402
 
 TINY = ["--env", "memory:tmaze", "--env_kwargs", "{length: 2}", "--hidden_size", "4", "--stream.width", "8",
         "--log_every", "50", "--checkpoint_every", "100", "--eval_episodes", "2", "--progress", "false"]  # fmt: skip
+WIRING = {"plain": [], "embedded": ["--stream.embed", "true", "--stream.prev_action_reward", "true"]}
 
 
 def flat(state, prefix=""):
@@ -45,9 +46,10 @@ def on_cpu(state):
     return state.cpu() if torch.is_tensor(state) else state
 
 
-def test_a_run_writes_its_folder_and_its_policy_exports(tmp_path):
+@pytest.mark.parametrize("wiring", WIRING)
+def test_a_run_writes_its_folder_and_its_policy_exports(tmp_path, wiring):
     out = tmp_path / "run"
-    assert main([*TINY, "--total_frames", "300", "--out_dir", str(out)]) == 0
+    assert main([*TINY, *WIRING[wiring], "--total_frames", "300", "--out_dir", str(out)]) == 0
     for name in ("config.json", "metrics.csv", "eval.json", "learning_curve.png", "checkpoints/final.ckpt"):
         assert (out / name).exists(), name
     rows = list(csv.DictReader(open(out / "metrics.csv")))
@@ -55,14 +57,16 @@ def test_a_run_writes_its_folder_and_its_policy_exports(tmp_path):
     assert json.loads((out / "eval.json").read_text())["returns"]
     policy = torch.jit.load(str(load_agent(out).export(tmp_path / "policy.pt")))
     action, state = policy(torch.zeros(3, 4), torch.tensor([True, True, False]), policy.initial_state(3))
-    assert action.shape == (3,) and len(state) == 1
+    assert action.shape == (3,) and len(state) == (2 if wiring == "embedded" else 1)  # + the previous action
 
 
-def test_a_resumed_run_continues_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("wiring", WIRING)
+def test_a_resumed_run_continues_bit_for_bit(tmp_path, wiring):
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    assert main([*TINY, "--total_frames", "400", "--out_dir", str(straight)]) == 0
-    assert main([*TINY, "--total_frames", "230", "--out_dir", str(interrupted)]) == 0  # stops mid-way
-    assert main([*TINY, "--total_frames", "400", "--out_dir", str(interrupted)]) == 0  # continues from its checkpoint
+    args = [*TINY, *WIRING[wiring]]
+    assert main([*args, "--total_frames", "400", "--out_dir", str(straight)]) == 0
+    assert main([*args, "--total_frames", "230", "--out_dir", str(interrupted)]) == 0  # stops mid-way
+    assert main([*args, "--total_frames", "400", "--out_dir", str(interrupted)]) == 0  # continues from its checkpoint
     a = load_checkpoint_file(straight / "checkpoints" / "final.ckpt")
     b = load_checkpoint_file(interrupted / "checkpoints" / "final.ckpt")
     assert same(a, b)  # weights, normalisers, traces, carries with their sensitivities, the random generator
@@ -156,3 +160,15 @@ def test_running_a_finished_run_again_leaves_it_as_it_is(tmp_path, capsys):
     assert main([*TINY, "--total_frames", "120", "--out_dir", str(out)]) == 0  # the same command again
     assert "already holds this run, finished at 120 frames; nothing to do" in capsys.readouterr().out
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == files
+
+
+def test_a_run_made_before_a_setting_existed_resumes_with_its_default(tmp_path):
+    """A folder whose config.json predates a setting of the algorithm (here: the embedding) continues: that run had
+    the setting's default."""
+    out = tmp_path / "run"
+    assert main([*TINY, "--total_frames", "120", "--out_dir", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    del config["stream"]["embed"], config["stream"]["prev_action_reward"]
+    (out / "config.json").write_text(json.dumps(config))
+    assert main([*TINY, "--total_frames", "240", "--out_dir", str(out)]) == 0
+    assert int(load_checkpoint_file(out / "checkpoints" / "final.ckpt")["frames"]) == 240
