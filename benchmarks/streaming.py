@@ -2,14 +2,16 @@
 
 - ``agent``: ``StreamAC`` with an RTU core of N units (exact RTRL), against ``hand``: the same math written by hand in
   plain torch (the linear RTU's RTRL recursion written out, the same layers, normalisers and ObGD); ``ff``: stream-x's
-  feed-forward agent of the same width; ``tbptt``: the agent with one-step truncation.
+  feed-forward agent of the same width; ``tbptt``: the agent with one-step truncation; ``wired``: the agent with the
+  RTU authors' wiring (the embedding before the core, the previous action and reward).
 - ``loops``: the agent's step driven by a plain loop (what ``onlinerec stream`` runs), by Lightning's training loop
   (one ``training_step`` per env step, manual optimisation) and through Fabric (``fabric.backward``).
 - ``scaling``: the agent's step at N = 16 ... 2048 and a least-squares line (a fixed cost per step plus a cost per
   unit), drawn to ``--plot``.
 
 Timings are process CPU time (steady under other jobs), medians of ``--reps`` interleaved repetitions. Last line:
-``ratios agent/hand=<a> lightning/plain=<b> fabric/plain=<c> agent/ff=<d> steps_per_s N64=<e> N256=<f>``.
+``ratios agent/hand=<a> agent/ff=<b> wired/agent=<c> lightning/plain=<d> fabric/plain=<e> steps_per_s_N64=<f>
+steps_per_s_N256=<g>``.
 
     python benchmarks/streaming.py                 # everything (a few minutes)
     python benchmarks/streaming.py --quick         # a smoke test
@@ -32,7 +34,7 @@ OBS = 8  # a POPGym-sized observation
 ACTIONS = 4
 
 
-def make_agent(n: int, cell: str | None = "rtu", method: str = "rtrl", width: int = 128):
+def make_agent(n: int, cell: str | None = "rtu", method: str = "rtrl", width: int = 128, wired: bool = False):
     from gymnasium import spaces
 
     from onlinerec.rl.streaming.agent import StreamAC
@@ -41,8 +43,8 @@ def make_agent(n: int, cell: str | None = "rtu", method: str = "rtrl", width: in
     torch.manual_seed(0)
     kwargs = {} if cell is None else {"hidden_size": n}
     return StreamAC(
-        spaces.Box(-1.0, 1.0, (OBS,)), spaces.Discrete(ACTIONS), StreamACConfig(width=width), cell=cell, method=method,
-        **kwargs,
+        spaces.Box(-1.0, 1.0, (OBS,)), spaces.Discrete(ACTIONS),
+        StreamACConfig(width=width, embed=wired, prev_action_reward=wired), cell=cell, method=method, **kwargs,
     )  # fmt: skip
 
 
@@ -239,13 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     sections = set(args.sections.split(","))
     ratios: dict[str, float] = {}
     if "agent" in sections:
-        interleaved = {"agent": [], "hand": [], "ff": [], "tbptt": []}
         closures = {
             "agent": agent_step(make_agent(64)),
             "hand": hand_step(64),
             "ff": agent_step(make_agent(64, cell=None)),
             "tbptt": agent_step(make_agent(64, method="tbptt")),
+            "wired": agent_step(make_agent(64, wired=True)),
         }
+        interleaved = {name: [] for name in closures}
         for _ in range(reps):
             for name, step in closures.items():
                 interleaved[name].append(seconds_per_step(step, steps, 1))
@@ -254,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:8s} N=64  {value * 1e6:8.0f} us/step  {1 / value:7.0f} steps/s")
         ratios["agent/hand"] = t["agent"] / t["hand"]
         ratios["agent/ff"] = t["agent"] / t["ff"]
+        ratios["wired/agent"] = t["wired"] / t["agent"]
     if "loops" in sections:
         plain = seconds_per_step(agent_step(make_agent(64)), steps, reps)
         fabric = seconds_per_step(fabric_step(make_agent(64)), steps, reps)
