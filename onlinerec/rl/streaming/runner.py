@@ -63,6 +63,11 @@ def run_stream(cfg: StreamExperiment) -> dict[str, Any]:
     resuming = _check_run_folder(out, config, ckpt_path, cfg.resume)
     finished = _finished_run(out, int(cfg.total_frames))
     if finished is not None:  # running it again would only replay it: its results stay as they are
+        if "eval" not in finished and cfg.eval_episodes > 0:  # training ended but its evaluation did not
+            finished["eval"] = _evaluate(cfg, load_agent(out))
+            finished["evaluated_now"] = True
+            (out / "eval.json").write_text(json.dumps(finished["eval"], indent=1))
+            _plot(cfg, out)
         return finished
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
@@ -302,7 +307,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     status, result = run_reporting_usage_errors("onlinerec stream", cfg.env, lambda: run_stream(cfg))
     if status:
         return status
-    if result.get("finished_before"):
+    if result.get("evaluated_now"):
+        print(
+            f"onlinerec stream: {result['run_dir']} holds this run, trained to {result['frames']:,} frames; evaluated it."
+        )
+    elif result.get("finished_before"):
         print(
             f"onlinerec stream: {result['run_dir']} already holds this run, finished at {result['frames']:,} frames; "
             "nothing to do (a larger --total_frames continues it, a new --out_dir starts another)."

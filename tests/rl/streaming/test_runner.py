@@ -172,3 +172,16 @@ def test_a_run_made_before_a_setting_existed_resumes_with_its_default(tmp_path):
     (out / "config.json").write_text(json.dumps(config))
     assert main([*TINY, "--total_frames", "240", "--out_dir", str(out)]) == 0
     assert int(load_checkpoint_file(out / "checkpoints" / "final.ckpt")["frames"]) == 240
+
+
+def test_a_run_that_stopped_during_its_evaluation_is_evaluated_by_the_same_command(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*TINY, "--total_frames", "120", "--out_dir", str(out)]) == 0
+    weights = (out / "checkpoints" / "final.ckpt").read_bytes()
+    want = json.loads((out / "eval.json").read_text())
+    (out / "eval.json").unlink()  # as if the process had stopped after training, before its evaluation was written
+    capsys.readouterr()
+    assert main([*TINY, "--total_frames", "120", "--out_dir", str(out)]) == 0
+    assert "trained to 120 frames; evaluated it" in capsys.readouterr().out
+    assert json.loads((out / "eval.json").read_text()) == want
+    assert (out / "checkpoints" / "final.ckpt").read_bytes() == weights  # not trained again
