@@ -121,7 +121,9 @@ def test_streaming_quick(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     ratio = r"\d+\.\d\d"
-    pattern = " ".join(f"{k}={ratio}" for k in ("agent/hand", "agent/ff", "wired/agent", "lightning/plain", "fabric/plain"))
+    pattern = " ".join(
+        f"{k}={ratio}" for k in ("agent/hand", "agent/ff", "wired/agent", "lightning/plain", "fabric/plain")
+    )
     assert re.fullmatch(rf"ratios {pattern} steps_per_s_N64=\d+", last), last
     assert "scaling fit:" in proc.stdout and png.stat().st_size > 10_000
 
