@@ -190,14 +190,29 @@ def _check_run_folder(out: Path, config: dict[str, Any], ckpt_path: Path, resume
     stored = json.loads(stored_path.read_text())
     # a setting added to the algorithm after that run was made: the run had its default
     stored["stream"] = {**_config_dict(StreamExperiment())["stream"], **stored.get("stream", {})}
-    changed = sorted(k for k in set(stored) | set(config) if k not in RESUMABLE and stored.get(k) != config.get(k))
+    changed = _differences(
+        {k: v for k, v in stored.items() if k not in RESUMABLE}, {k: v for k, v in config.items() if k not in RESUMABLE}
+    )
     if changed:
-        detail = ", ".join(f"{k}: {stored.get(k)!r} -> {config.get(k)!r}" for k in changed)
+        detail = ", ".join(f"{name}: {old!r} -> {new!r}" for name, old, new in changed)
         raise RunFolderInUse(
             f"{out} holds a run with other settings ({detail}); only budgets and reporting may change when a run "
             "continues. Give this run a folder of its own (--out_dir)."
         )
     return ckpt_path.exists()
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """The settings whose values differ, nested ones by their dotted name (``stream.embed``), so that the message
+    names what changed rather than the whole group."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append((f"{prefix}{k}", a, b))
+    return out
 
 
 def _finished_run(out: Path, total: int) -> dict[str, Any] | None:

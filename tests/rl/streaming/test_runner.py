@@ -81,6 +81,9 @@ def test_a_folder_with_other_settings_is_refused_before_anything_is_written(tmp_
     before = (out / "config.json").read_text()
     assert main([*TINY, "--total_frames", "100", "--out_dir", str(out), "--method", "tbptt"]) == 2
     assert "method" in capsys.readouterr().err and (out / "config.json").read_text() == before
+    assert main([*TINY, "--total_frames", "100", "--out_dir", str(out), "--stream.embed", "true"]) == 2
+    err = capsys.readouterr().err
+    assert "stream.embed: False -> True" in err and "kappa_policy" not in err, err
 
 
 def test_the_baselines_run(tmp_path):
