@@ -45,11 +45,13 @@ RESUMABLE_CHANGES = frozenset(
 """Fields a resumed run may change (its budget and its reporting); every other field defines the experiment."""
 
 
-def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flat_settings(config: dict[str, Any], groups: tuple[str, ...], prefix: str = "") -> dict[str, Any]:
+    """``config`` with the settings of each group in ``groups`` (``r2ac``, ``stream``) under their dotted names
+    (``r2ac.lr``), so that a comparison names the one setting that differs rather than the whole group."""
     out = {}
     for key, value in config.items():
-        if isinstance(value, dict) and key == "r2ac":
-            out.update(_flat(value, f"{prefix}{key}."))
+        if isinstance(value, dict) and key in groups:
+            out.update(flat_settings(value, groups, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out
@@ -63,7 +65,7 @@ def config_changes(stored: dict[str, Any], cfg: ExperimentConfig) -> dict[str, t
     as R2AC runs now, so it is no change."""
 
     def flat(config: Any) -> dict[str, Any]:
-        return _flat(json.loads(json.dumps(config, default=str)))
+        return flat_settings(json.loads(json.dumps(config, default=str)), ("r2ac",))
 
     old, new = {**flat(asdict(ExperimentConfig())), **flat(stored)}, flat(asdict(cfg))
     for name in REMOVED_FIELDS:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from onlinerec.rl.experiment import ConfigError
-from onlinerec.rl.resume import RunFolderError
+from onlinerec.rl.resume import RunFolderError, flat_settings
 from onlinerec.rl.runner import run_reporting_usage_errors
 from onlinerec.rl.streaming.experiment import StreamExperiment, parse_stream_experiment
 
@@ -190,29 +190,15 @@ def _check_run_folder(out: Path, config: dict[str, Any], ckpt_path: Path, resume
     stored = json.loads(stored_path.read_text())
     # a setting added to the algorithm after that run was made: the run had its default
     stored["stream"] = {**_config_dict(StreamExperiment())["stream"], **stored.get("stream", {})}
-    changed = _differences(
-        {k: v for k, v in stored.items() if k not in RESUMABLE}, {k: v for k, v in config.items() if k not in RESUMABLE}
-    )
+    old, new = flat_settings(stored, ("stream",)), flat_settings(config, ("stream",))
+    changed = [k for k in sorted(set(old) | set(new)) if k not in RESUMABLE and old.get(k) != new.get(k)]
     if changed:
-        detail = ", ".join(f"{name}: {old!r} -> {new!r}" for name, old, new in changed)
+        detail = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
         raise RunFolderInUse(
             f"{out} holds a run with other settings ({detail}); only budgets and reporting may change when a run "
             "continues. Give this run a folder of its own (--out_dir)."
         )
     return ckpt_path.exists()
-
-
-def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """The settings whose values differ, nested ones by their dotted name (``stream.embed``), so that the message
-    names what changed rather than the whole group."""
-    out = []
-    for k in sorted(set(old) | set(new)):
-        a, b = old.get(k), new.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _differences(a, b, f"{prefix}{k}.")
-        elif a != b:
-            out.append((f"{prefix}{k}", a, b))
-    return out
 
 
 def _finished_run(out: Path, total: int) -> dict[str, Any] | None:
