@@ -102,9 +102,11 @@ class Registry(Mapping[str, type], Generic[T]):
         return f"{cls.__module__}.{cls.__qualname__}"
 
     def _unknown(self, spec: Any) -> str:
+        base = self.base.__name__
+        article = "an" if base[:1] in "AEIOU" else "a"
         return (
             f"unknown {self.kind} {spec!r}; choose one of {sorted(self._entries)}, give a class path "
-            f"('my_package.module.MyClass', a {self.base.__name__} subclass), or pass an instance."
+            f"('my_package.module.MyClass', {article} {base} subclass), or pass an instance."
         )
 
 

@@ -84,6 +84,11 @@ def test_an_unknown_name_lists_the_choices_and_the_other_ways_to_name_a_part():
         registry["gearbox"]
 
 
+def test_the_unknown_name_message_says_an_before_a_vowel():
+    with pytest.raises(ValueError, match=re.escape("('my_package.module.MyClass', an ElementwiseCell subclass)")):
+        CELLS.resolve("rtuu")
+
+
 def test_a_class_path_that_names_no_part_says_what_is_wrong():
     registry = parts()
     with pytest.raises(ValueError, match=r"cannot import the part class path 'no_such_package\.Gear'.*installed\?"):
