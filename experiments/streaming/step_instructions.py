@@ -33,11 +33,15 @@ def measured(which: str, steps: int) -> None:
     step = streaming.agent_step(streaming.make_agent(64)) if which == "agent" else streaming.hand_step(64)
     for _ in range(200):
         step()
-    switch = ["callgrind_control", "--instr=on", str(os.getpid())]
-    subprocess.run(switch, capture_output=True, check=True)
+    instrument("on")
     for _ in range(steps):
         step()
-    subprocess.run([*switch[:1], "--instr=off", *switch[2:]], capture_output=True, check=True)
+    instrument("off")
+
+
+def instrument(state: str) -> None:
+    """Switch callgrind's instrumentation of this process ``on`` or ``off``."""
+    subprocess.run(["callgrind_control", f"--instr={state}", str(os.getpid())], capture_output=True, check=True)
 
 
 def counts(which: str, steps: int) -> dict[str, float]:
