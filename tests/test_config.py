@@ -114,3 +114,16 @@ def test_an_option_before_a_config_file_that_sets_it_is_named_not_silently_dropp
     assert "Options override a config file only when they come after it" in err
     cfg = parse_experiment(["--config", str(config), "--env", "popgym:CountRecallEasy"])  # after it: the option wins
     assert cfg.env == "popgym:CountRecallEasy" and capsys.readouterr().err == ""
+
+
+def test_a_mistyped_option_is_refused_with_the_name_it_most_likely_means(capsys):
+    for typo, meant in [("--inner.stpes", "--inner.steps"), ("--out_dri=x", "--out_dir"), ("--sise", "--size")]:
+        with pytest.raises(SystemExit) as info:
+            parse_config(Run, [typo, "3"], prog="run")
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"error: unrecognized option {typo.split('=')[0]}: did you mean {meant}?" in err, err
+    with pytest.raises(SystemExit):  # close to nothing: jsonargparse's own message
+        parse_config(Run, ["--zzzzzz", "3"], prog="run")
+    assert "did you mean" not in capsys.readouterr().err
+    assert parse_config(Run, ["--inner.steps", "5", "--size=2"]) == Run(size=2, inner=Inner(steps=5))
