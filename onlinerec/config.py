@@ -56,8 +56,9 @@ def parse_config(
     parser.add_argument("--config", action=ActionConfigFile, help="A YAML file with any of the options below.")
     parser.add_class_arguments(cls, as_group=False)
     args = _normalise(list(sys.argv[1:] if argv is None else argv), _bool_fields(cls))
-    for message in _misspelt_options(args, set(parser._option_string_actions)):
-        parser.error(message)  # exits: the first mistyped option, with the name it most likely means
+    misspelt = _misspelt_option(args, set(parser._option_string_actions))
+    if misspelt:
+        parser.error(misspelt)  # exits, naming the option it most likely means
     namespace = parser.parse_args(args)
     for name, given, path in _shadowed_options(args):  # jsonargparse applies them in order: the later file won
         print(
@@ -106,13 +107,12 @@ def _normalise(args: list[str], bools: set[str]) -> list[str]:
     return out
 
 
-def _misspelt_options(args: list[str], known: set[str]) -> list[str]:
-    """A message for each ``--name`` that no option takes but that is close to one that does (``--stream.kappa_polcy``
+def _misspelt_option(args: list[str], known: set[str]) -> str | None:
+    """A message for the first ``--name`` that no option takes but that is close to one that does (``--stream.kappa_polcy``
     -> ``--stream.kappa_policy``). A dotted name is checked only where its group lists its keys: a dict field
     (``--env_kwargs.x``) is left to jsonargparse, as is a name close to nothing."""
     import difflib
 
-    messages = []
     for i, arg in enumerate(args):
         if not arg.startswith("--") or arg == "--" or (i > 0 and args[i - 1] == "--config"):
             continue
@@ -122,8 +122,8 @@ def _misspelt_options(args: list[str], known: set[str]) -> list[str]:
             continue
         close = difflib.get_close_matches(option, sorted(known), n=1, cutoff=0.75)
         if close:
-            messages.append(f"unrecognized option {option}: did you mean {close[0]}? (--help lists every option)")
-    return messages
+            return f"unrecognized option {option}: did you mean {close[0]}? (--help lists every option)"
+    return None
 
 
 def _shadowed_options(args: list[str]) -> list[tuple[str, str, str]]:
